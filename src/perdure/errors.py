@@ -1,0 +1,307 @@
+"""Every error perdure raises, each with a stable ``code``.
+
+The tree::
+
+    PerdureError (Exception)                 perdure_error
+    ├── InvalidInput (+ ValueError)          invalid_input
+    │   ├── LeaseTimingInvalid               lease_timing_invalid
+    │   ├── InvalidPayload                   invalid_payload
+    │   └── InvalidStoreURL                  invalid_store_url
+    ├── StoreError                           store_error
+    │   ├── StoreUnavailable                 store_unavailable
+    │   ├── SchemaTooNew                     schema_too_new
+    │   └── CorruptState                     corrupt_state
+    ├── RunNotFound                          run_not_found
+    ├── WorkflowNotFound                     workflow_not_found
+    ├── RunFinished                          run_finished
+    ├── RunFailed                            (the run's own error code)
+    ├── ResultTimeout                        result_timeout
+    ├── WaitSettled                          wait_settled
+    ├── WaitExpired                          wait_expired
+    ├── WaitStillOpen                        wait_still_open
+    ├── NotResolvable                        not_resolvable
+    ├── WaitTimedOut                         wait_timeout      (raised in workflow code)
+    ├── StepFailed                           step_failed       (raised in workflow code)
+    ├── EffectFailed                         effect_failed     (raised by a step's author)
+    ├── ChildFailed                          child_failed      (raised in workflow code)
+    └── NonDeterminism                       non_determinism
+
+    Interrupt (BaseException)                interrupt
+    ├── Suspend                              suspend
+    └── LeaseLost                            lease_lost
+        ├── StaleClaim                       stale_claim
+        └── Canceled                         canceled
+
+``Interrupt`` and its children are control signals: they unwind workflow code
+(running its ``finally`` blocks) and must not be swallowed by a bare
+``except Exception``, so they derive from ``BaseException``.
+
+Codes that appear only in a run's recorded error (never raised as a class
+here): ``effect_outcome_unknown``, ``poison_run``, ``workflow_failed``,
+``resolved_failed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "Canceled",
+    "ChildFailed",
+    "CorruptState",
+    "EffectFailed",
+    "Interrupt",
+    "InvalidInput",
+    "InvalidPayload",
+    "InvalidStoreURL",
+    "LeaseLost",
+    "LeaseTimingInvalid",
+    "NonDeterminism",
+    "NotResolvable",
+    "PerdureError",
+    "ResultTimeout",
+    "RunFailed",
+    "RunFinished",
+    "RunNotFound",
+    "SchemaTooNew",
+    "StaleClaim",
+    "StepFailed",
+    "StoreError",
+    "StoreUnavailable",
+    "Suspend",
+    "WaitExpired",
+    "WaitSettled",
+    "WaitStillOpen",
+    "WaitTimedOut",
+    "WorkflowNotFound",
+]
+
+
+class PerdureError(Exception):
+    """Something perdure refused or could not do."""
+
+    code: ClassVar[str] = "perdure_error"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or _first_line(type(self).__doc__))
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+def _first_line(doc: str | None) -> str:
+    return (doc or "").strip().splitlines()[0] if doc else ""
+
+
+class InvalidInput(PerdureError, ValueError):
+    """The input is malformed."""
+
+    code = "invalid_input"
+
+
+class LeaseTimingInvalid(InvalidInput):
+    """The heartbeat must be below the lease and at most a third of it."""
+
+    code = "lease_timing_invalid"
+
+
+class InvalidPayload(InvalidInput):
+    """A payload is not a JSON value or does not match its declared type."""
+
+    code = "invalid_payload"
+
+
+class InvalidStoreURL(InvalidInput):
+    """The store URL cannot be used."""
+
+    code = "invalid_store_url"
+
+
+class StoreError(PerdureError):
+    """The store failed or holds something it should not."""
+
+    code = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached."""
+
+    code = "store_unavailable"
+
+
+class SchemaTooNew(StoreError):
+    """The store's schema is newer than this version of perdure."""
+
+    code = "schema_too_new"
+
+
+class CorruptState(StoreError):
+    """State read from the store breaks an invariant; the run is not advanced."""
+
+    code = "corrupt_state"
+
+    def __init__(self, run_id: str | None, invariant: str, detail: str = "") -> None:
+        self.run_id = run_id
+        self.invariant = invariant
+        where = f"run {run_id}" if run_id else "store"
+        tail = f": {detail}" if detail else ""
+        super().__init__(f"corrupt state in {where} (invariant {invariant}){tail}")
+
+
+class RunNotFound(PerdureError):
+    """No run has this id."""
+
+    code = "run_not_found"
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run with id {run_id!r}")
+
+
+class WorkflowNotFound(PerdureError):
+    """No workflow is registered under this name."""
+
+    code = "workflow_not_found"
+
+    def __init__(self, name: str, known: list[str] | None = None) -> None:
+        self.name = name
+        hint = f" (known: {', '.join(sorted(known))})" if known else ""
+        super().__init__(f"no workflow named {name!r} is registered{hint}")
+
+
+class RunFinished(PerdureError):
+    """The run has already ended."""
+
+    code = "run_finished"
+
+    def __init__(self, run_id: str, state: str) -> None:
+        self.run_id = run_id
+        self.state = state
+        super().__init__(f"run {run_id} has already ended ({state})")
+
+
+class RunFailed(PerdureError):
+    """The run ended without a result."""
+
+    code = "run_failed"
+
+    def __init__(self, run_id: str, state: str, error: dict[str, Any] | None) -> None:
+        self.run_id = run_id
+        self.state = state
+        self.error = error or {}
+        self.code = str(self.error.get("code", state))  # type: ignore[misc]
+        msg = self.error.get("message", "")
+        super().__init__(f"run {run_id} ended {state} ({self.code}): {msg}")
+
+
+class ResultTimeout(PerdureError, TimeoutError):
+    """The run did not end within the time given."""
+
+    code = "result_timeout"
+
+
+class _ReceiptError(PerdureError):
+    def __init__(self, message: str, receipt: Any) -> None:
+        self.receipt = receipt
+        super().__init__(message)
+
+
+class WaitSettled(_ReceiptError):
+    """The wait was already settled; the stored receipt is attached."""
+
+    code = "wait_settled"
+
+
+class WaitExpired(_ReceiptError):
+    """The wait's deadline has passed; it is now settled as timed out."""
+
+    code = "wait_expired"
+
+
+class WaitStillOpen(PerdureError):
+    """The run still has a wait with no outcome."""
+
+    code = "wait_still_open"
+
+
+class NotResolvable(PerdureError):
+    """The run is not stopped on this step."""
+
+    code = "not_resolvable"
+
+
+class WaitTimedOut(PerdureError):
+    """A wait or receive reached its deadline before it was settled."""
+
+    code = "wait_timeout"
+
+
+class StepFailed(PerdureError):
+    """A step raised after its retries; replay raises the same error."""
+
+    code = "step_failed"
+
+    def __init__(self, step: str, error_type: str, message: str) -> None:
+        self.step = step
+        self.error_type = error_type
+        self.error_message = message
+        super().__init__(f"step {step} failed: {error_type}: {message}")
+
+
+class EffectFailed(PerdureError):
+    """The step's author states that its effect certainly did not happen."""
+
+    code = "effect_failed"
+
+
+class ChildFailed(PerdureError):
+    """A child run failed or was canceled."""
+
+    code = "child_failed"
+
+    def __init__(self, run_id: str, state: str, error: dict[str, Any] | None) -> None:
+        self.run_id = run_id
+        self.state = state
+        self.error = error or {}
+        super().__init__(f"child run {run_id} ended {state}: {self.error.get('message', '')}")
+
+
+class NonDeterminism(PerdureError):
+    """The workflow's code no longer matches its journal."""
+
+    code = "non_determinism"
+
+
+class Interrupt(BaseException):  # noqa: N818 - a control signal, not an error
+    """Control flow that unwinds workflow code; never caught by user code."""
+
+    code: ClassVar[str] = "interrupt"
+
+
+class Suspend(Interrupt):
+    """The run parks until a deadline or an outcome."""
+
+    code = "suspend"
+
+
+class LeaseLost(Interrupt):
+    """This worker no longer holds the run."""
+
+    code = "lease_lost"
+
+    def __init__(self, run_id: str, message: str = "") -> None:
+        self.run_id = run_id
+        super().__init__(message or f"lost the claim on run {run_id}")
+
+
+class StaleClaim(LeaseLost):
+    """Another claim owns the run now; stop without writing anything."""
+
+    code = "stale_claim"
+
+
+class Canceled(LeaseLost):
+    """The run was canceled; stop at this step boundary."""
+
+    code = "canceled"

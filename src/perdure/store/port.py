@@ -1,0 +1,571 @@
+"""The Store protocol: every durable transition a run can make, and its records.
+
+Lifecycle of a run as the store sees it::
+
+    create_run ──> queued ──claim──> running ──finish──> succeeded | failed
+                     ▲  ▲              │  │  │                     canceled | needs_attention
+                     │  └──release─────┘  │  └─park──> waiting ──wake/settle_wait/send/
+                     │                    │                │      deadline (claim, sweep)──> queued
+                     │   lease lapses: another claim       │
+                     │   takes it over (generation + 1)    └─request_cancel──> canceled
+                     └──resolve (needs_attention, output)
+
+Rules every adapter keeps:
+
+* Each operation is one atomic transaction. Either all of it is stored or none.
+* Every write made for a claimed run (``renew``, ``begin_effect``,
+  ``finish_step``, ``transaction_step``, ``park``, ``finish``, ``release``,
+  ``create_children``) is conditional on the claim's ``generation`` still
+  being the run's generation and the run still ``running``. When it matches
+  nothing, the operation raises :class:`errors.StaleClaim` (another claim owns
+  the run) or :class:`errors.Canceled` (the run's cancel was requested and the
+  claim has not acknowledged it with ``canceling=True``) and changes nothing.
+  ``finish`` with state ``canceled`` or ``needs_attention`` ignores the cancel
+  flag, so a canceled run can always be settled by its owner.
+* Time comes from the store's clock: the injected :class:`Clock` if one was
+  given, else the store's own (the system clock for an embedded store, the
+  database server's clock for a shared one, so that hosts never compare their
+  clocks). Deadlines and leases are absolute instants.
+* Payloads, results, errors and inputs are JSON text. The store never parses
+  them (except to compute nothing); the engine encodes and validates them.
+* Every transition appends provenance receipts to the run's ledger in the same
+  transaction: the ones named in each operation's docstring, plus the
+  :class:`Mark` values the engine passes. The ledger numbers receipts from 1
+  without gaps and keeps only the newest ``ledger_limit`` of them.
+* An adapter refuses rows it cannot read (unknown state, malformed column) with
+  :class:`errors.CorruptState`; it never guesses.
+* Ending a run (``finish``, a cancel, a failed ``resolve``) removes the run's
+  wait, outcome and message records, and if the run has a parent, creates the
+  parent's outcome record ``child:<run_id>`` (put-if-absent, payload
+  ``{"run_id", "state", "result", "error"}`` as JSON) and wakes the parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+RunState = Literal[
+    "queued", "running", "waiting", "succeeded", "failed", "canceled", "needs_attention"
+]
+RUN_STATES: tuple[RunState, ...] = (
+    "queued",
+    "running",
+    "waiting",
+    "succeeded",
+    "failed",
+    "canceled",
+    "needs_attention",
+)
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled", "needs_attention"})
+
+EntryStatus = Literal["started", "ok", "error"]
+"""``started``: a ``once`` effect began and has no recorded outcome yet."""
+
+OutcomeKind = Literal["signaled", "timed_out", "canceled"]
+WaitKind = Literal["signal", "channel", "child"]
+
+LEDGER_KINDS: frozenset[str] = frozenset(
+    {
+        "initialized",
+        "claimed",
+        "recovered",
+        "step_started",
+        "effect_started",
+        "step_completed",
+        "step_failed",
+        "parked",
+        "woken",
+        "outcome_applied",
+        "cancel_requested",
+        "canceled",
+        "released",
+        "resolved",
+        "finished",
+    }
+)
+
+
+class Clock(Protocol):
+    """A source of aware UTC instants."""
+
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    """The machine's clock."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run to create. ``key`` makes creation idempotent within the app."""
+
+    run_id: str
+    app: str
+    workflow: str
+    version: str
+    input: str
+    key: str | None = None
+    parent_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as stored.
+
+    ``generation`` counts claims (0 until first claimed). ``failures`` counts
+    consecutive failed attempts (a release with ``failed=True`` or a lapsed
+    lease taken over by a claim) and returns to 0 when a step is recorded.
+    ``ready_at`` is when a queued run may be claimed (backoff) or when a
+    waiting run's earliest deadline falls (``None``: no deadline).
+    """
+
+    run_id: str
+    app: str
+    workflow: str
+    version: str
+    state: RunState
+    input: str
+    result: str | None
+    error: str | None
+    key: str | None
+    parent_id: str | None
+    generation: int
+    failures: int
+    worker: str | None
+    lease_expires_at: datetime | None
+    ready_at: datetime | None
+    cancel_requested: bool
+    ledger_sequence: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The right to write for one run, as long as ``generation`` is current.
+
+    ``canceling`` is set by the engine once it has seen the run's cancel, so
+    that clean-up steps can still be journaled while the run unwinds.
+    """
+
+    run_id: str
+    worker: str
+    generation: int
+    lease_expires_at: datetime
+    canceling: bool = False
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """What the run did at one position (1, 2, ...) of its journal.
+
+    ``kind`` is the engine's word for the call (``step``, ``sleep``, ``now``,
+    ``random``, ``uuid``, ``wait``, ``receive``, ``child``, ...); ``name`` is
+    the step key (``charge``, ``charge#2``) or the wait/channel name.
+    ``output`` and ``error`` are JSON text.
+    """
+
+    position: int
+    kind: str
+    name: str
+    status: EntryStatus
+    output: str | None = None
+    error: str | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A provenance receipt the engine asks to append with a write."""
+
+    kind: str
+    step: str | None = None
+    digest: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One provenance receipt: no payloads, only a digest of them."""
+
+    run_id: str
+    sequence: int
+    kind: str
+    at: datetime
+    generation: int
+    worker: str | None
+    step: str | None
+    digest: str | None
+    note: str | None
+
+
+@dataclass(frozen=True)
+class WaitSpec:
+    """A wait to register when parking.
+
+    ``after_sequence`` (channel waits only) is the last message sequence the
+    run has consumed on that channel.
+    """
+
+    name: str
+    kind: WaitKind
+    deadline: datetime | None = None
+    after_sequence: int = 0
+
+
+@dataclass(frozen=True)
+class WaitRecord:
+    """A registered wait that has no outcome yet."""
+
+    run_id: str
+    app: str
+    name: str
+    kind: WaitKind
+    deadline: datetime | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The write-once record that settles a wait."""
+
+    run_id: str
+    name: str
+    outcome: OutcomeKind
+    signal_id: str | None
+    payload: str | None
+    payload_digest: str | None
+    at: datetime
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """A channel message to store, deduplicated by ``(run_id, channel, key)``."""
+
+    run_id: str
+    channel: str
+    key: str
+    payload: str
+
+
+@dataclass(frozen=True)
+class Message:
+    """A stored channel message; ``sequence`` is its delivery order in the run."""
+
+    run_id: str
+    channel: str
+    key: str
+    sequence: int
+    payload: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A fresh claim with everything needed to replay the run."""
+
+    claim: Claim
+    run: Run
+    journal: list[JournalEntry]
+    outcomes: list[Outcome] = field(default_factory=list)
+    recovered: bool = False
+
+
+
+class Store(Protocol):
+    """Durable state of runs. Every method is one atomic transition."""
+
+    url: str
+    """The store's URL with any password removed."""
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema; safe when several processes race.
+
+        Raises:
+            errors.SchemaTooNew: the stored schema is newer than this code.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...
+
+    def now(self) -> datetime:
+        """Return the store's current time (see the module docstring)."""
+        ...
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until some run may have become ready, or ``timeout`` seconds pass.
+
+        Returns True when woken by a notification (a run created, woken,
+        released or settled in this process, or by any process for a shared
+        store), False on timeout. Spurious wake-ups are allowed.
+        """
+        ...
+
+    def notify_ready(self) -> None:
+        """Wake every ``wait_ready`` caller of this store now."""
+        ...
+
+    # -- runs -------------------------------------------------------------
+
+    def create_run(self, new: NewRun) -> tuple[Run, bool]:
+        """Create a queued run, or return the existing one with the same ``(app, key)``.
+
+        Returns the run and whether this call created it. Concurrent calls
+        with one key from any number of processes create exactly one run.
+        Appends ``initialized`` when it creates.
+        """
+        ...
+
+    def create_children(self, claim: Claim, children: Sequence[NewRun]) -> list[Run]:
+        """Create child runs of the claimed run in one transaction (fenced).
+
+        Each child must carry a ``key``; a child whose key already exists is
+        returned as stored, so a replayed fan-out creates nothing twice.
+        """
+        ...
+
+    def get_run(self, run_id: str) -> Run | None:
+        """Return the run, or None."""
+        ...
+
+    def list_runs(
+        self,
+        app: str,
+        *,
+        state: str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+    ) -> list[Run]:
+        """Return the app's runs, newest first."""
+        ...
+
+    def child_counts(self, run_id: str) -> dict[str, int]:
+        """Return how many children of the run are in each state (from an index)."""
+        ...
+
+    def journal(self, run_id: str) -> list[JournalEntry]:
+        """Return the run's journal ordered by position."""
+        ...
+
+    def history(self, run_id: str) -> list[LedgerEntry]:
+        """Return the run's retained ledger, oldest first."""
+        ...
+
+    # -- claims -----------------------------------------------------------
+
+    def claim(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        *,
+        lease_ttl: float,
+        limit: int = 1,
+    ) -> list[Claimed]:
+        """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed.
+
+        Ready: ``queued`` with ``ready_at`` due or unset; ``waiting`` with
+        ``ready_at`` due (a deadline passed); ``running`` whose lease expired
+        (its worker is gone: the claim is a recovery, ``failures`` grows by one
+        and the receipt is ``recovered``, else ``claimed``). Each claimed run
+        becomes ``running`` under ``worker`` with ``generation + 1`` and a lease
+        of ``lease_ttl`` seconds. Two concurrent claims never return the same
+        run.
+        """
+        ...
+
+    def renew(self, claim: Claim, *, lease_ttl: float) -> Claim:
+        """Extend the lease to now + ``lease_ttl``.
+
+        Raises:
+            errors.StaleClaim: another claim owns the run.
+            errors.Canceled: the run's cancel was requested.
+        """
+        ...
+
+    def release(
+        self, claim: Claim, *, delay: float, failed: bool, marks: Sequence[Mark] = ()
+    ) -> None:
+        """Give the run back as ``queued``, claimable after ``delay`` seconds.
+
+        ``failed`` counts the attempt as a failure. Appends ``released``.
+        Raises StaleClaim or Canceled as every fenced write.
+        """
+        ...
+
+    # -- journal ----------------------------------------------------------
+
+    def begin_effect(
+        self, claim: Claim, entries: Sequence[JournalEntry], marks: Sequence[Mark] = ()
+    ) -> None:
+        """Record that a ``once`` effect starts (its entry has status ``started``).
+
+        ``entries`` may hold buffered entries before it; all are written. An
+        existing entry at a position is replaced only if it has status
+        ``started``; any other existing position raises CorruptState.
+        """
+        ...
+
+    def finish_step(
+        self, claim: Claim, entries: Sequence[JournalEntry], marks: Sequence[Mark] = ()
+    ) -> None:
+        """Record step outcomes (fenced). Resets ``failures`` to 0.
+
+        Same replacement rule as ``begin_effect``.
+        """
+        ...
+
+    def transaction_step(
+        self,
+        claim: Claim,
+        entries: Sequence[JournalEntry],
+        body: Callable[[Any], JournalEntry],
+        marks: Sequence[Mark] = (),
+    ) -> JournalEntry:
+        """Run ``body(connection)`` inside the transaction that records its entry.
+
+        The fence is checked first; ``body`` receives the adapter's own
+        database connection and returns the entry to record. If ``body``
+        raises, nothing is stored and the exception propagates.
+        """
+        ...
+
+    def park(
+        self,
+        claim: Claim,
+        entries: Sequence[JournalEntry],
+        waits: Sequence[WaitSpec],
+        *,
+        wake_at: datetime | None,
+        marks: Sequence[Mark] = (),
+    ) -> bool:
+        """Write ``entries``, register ``waits`` and make the run ``waiting``.
+
+        ``ready_at`` becomes the earliest of ``wake_at`` and the waits'
+        deadlines. If, inside the same transaction, any wait already has an
+        outcome (signal or child), a channel wait already has a message after
+        its ``after_sequence``, or ``ready_at`` is already due, the run is not
+        parked: the entries are written, the claim stays valid and False is
+        returned. Otherwise the lease is dropped, ``parked`` is appended and
+        True returned. Adapters check for outcomes and messages after taking
+        the run's row lock, so a delivery that commits concurrently either is
+        seen here or finds the run ``waiting`` and wakes it.
+        """
+        ...
+
+    def finish(
+        self,
+        claim: Claim,
+        entries: Sequence[JournalEntry],
+        *,
+        state: RunState,
+        result: str | None = None,
+        error: str | None = None,
+        marks: Sequence[Mark] = (),
+    ) -> None:
+        """End the run in a terminal ``state`` (fenced) and drop the lease.
+
+        Appends ``finished`` (or ``canceled`` for state canceled). Runs the
+        end-of-run rules of the module docstring.
+        """
+        ...
+
+    # -- waits, outcomes, channels ----------------------------------------
+
+    def settle_wait(self, run_id: str, name: str, outcome: Outcome) -> tuple[Outcome, bool]:
+        """Create the wait's outcome record if none exists (put-if-absent).
+
+        Returns the stored outcome and whether this call created it. A
+        ``signaled`` outcome for a registered wait whose deadline has passed
+        is stored as ``timed_out`` instead (no payload). When this call
+        creates the record and the run is ``waiting``, the run becomes
+        ``queued`` (``woken``). Never touches the journal.
+
+        Raises:
+            errors.RunNotFound: no such run.
+            errors.RunFinished: the run has ended.
+        """
+        ...
+
+    def outcomes(self, run_id: str) -> list[Outcome]:
+        """Return every outcome record of the run."""
+        ...
+
+    def waits(self, app: str, run_id: str | None = None) -> list[WaitRecord]:
+        """Return the registered waits that have no outcome, oldest first (from an index)."""
+        ...
+
+    def wake(self, run_id: str) -> bool:
+        """Make a ``waiting`` run ``queued``; False if it was not waiting."""
+        ...
+
+    def send(self, message: NewMessage) -> bool:
+        """Store a channel message unless ``(run_id, channel, key)`` exists.
+
+        Returns whether it was stored (the first payload wins). Wakes the run
+        if it waits on that channel.
+
+        Raises:
+            errors.RunNotFound: no such run.
+            errors.RunFinished: the run has ended.
+        """
+        ...
+
+    def next_message(self, run_id: str, channel: str, after_sequence: int) -> Message | None:
+        """Return the run's first message on ``channel`` with a greater sequence."""
+        ...
+
+    # -- operators --------------------------------------------------------
+
+    def request_cancel(self, run_id: str) -> bool:
+        """Cancel the run and every descendant.
+
+        Queued and waiting runs become ``canceled`` at once (their open waits
+        get a ``canceled`` outcome first, put-if-absent); running ones get
+        ``cancel_requested`` and are settled by their owner (or by the next
+        claim if the owner is gone). Returns True if anything changed.
+
+        Raises:
+            errors.RunNotFound: no such run.
+        """
+        ...
+
+    def resolve(
+        self,
+        run_id: str,
+        generation: int,
+        entry: JournalEntry,
+        *,
+        state: Literal["queued", "failed"],
+        error: str | None,
+        note: str,
+    ) -> None:
+        """Settle the ambiguous entry of a ``needs_attention`` run.
+
+        Replaces the entry at ``entry.position`` (which must have status
+        ``started``), then re-queues the run (``queued``, failures 0) or fails
+        it with ``error``. Appends ``resolved`` with ``note``.
+
+        Raises:
+            errors.NotResolvable: the run is not in ``needs_attention`` at
+                ``generation`` or the entry is not ``started``.
+        """
+        ...
+
+    def sweep(self) -> int:
+        """Do the housekeeping a worker does now and then; return how much it changed.
+
+        Settles registered waits whose deadline passed as ``timed_out`` and
+        wakes their runs, re-queues waiting runs whose ``ready_at`` passed, and
+        deletes wait, outcome and message records whose run no longer exists
+        or has ended.
+        """
+        ...

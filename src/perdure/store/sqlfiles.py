@@ -1,0 +1,59 @@
+"""Load an adapter's named queries and migrations from its ``sql/<adapter>/`` folder.
+
+A query file holds blocks that start with ``-- name: <query_name>``; the text
+up to the next such line is the query. Migrations are ``migrations/NNNN_*.sql``
+files applied in order; ``schema.sql`` is what they produce.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_MIGRATION = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One ordered schema change."""
+
+    version: int
+    name: str
+    sql: str
+
+
+def _folder(adapter: str) -> resources.abc.Traversable:
+    return resources.files("perdure.store").joinpath("sql", adapter)
+
+
+def queries(adapter: str) -> dict[str, str]:
+    """Return the adapter's named queries from ``queries.sql``."""
+    text = _folder(adapter).joinpath("queries.sql").read_text(encoding="utf-8")
+    parts = _NAME.split(text)
+    found: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in found:
+            raise ValueError(f"query {name!r} is defined twice in sql/{adapter}/queries.sql")
+        found[name] = body.strip().rstrip(";").strip()
+    return found
+
+
+def schema(adapter: str) -> str:
+    """Return the adapter's reference schema (what the migrations produce)."""
+    return _folder(adapter).joinpath("schema.sql").read_text(encoding="utf-8")
+
+
+def migrations(adapter: str) -> list[Migration]:
+    """Return the adapter's migrations ordered by version."""
+    found: list[Migration] = []
+    for entry in _folder(adapter).joinpath("migrations").iterdir():
+        match = _MIGRATION.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), entry.name, entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise ValueError(f"migrations of {adapter} are not numbered 1..n: {versions}")
+    return found
