@@ -1,0 +1,274 @@
+"""App: the registry of workflows and steps, bound to one store, with a client."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+from perdure import client as client_api
+from perdure import codec, context, effects, errors, records
+from perdure import worker as worker_api
+from perdure.store import DEFAULT_LEDGER_LIMIT, default_url, open_store, port
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+
+
+class App:
+    """A named set of workflows and steps bound to one store.
+
+    The store is opened on first use, so importing a module that defines an
+    app touches nothing. ``App()`` with no URL uses ``$PERDURE_STORE``, else
+    ``sqlite:///perdure.db``.
+    """
+
+    def __init__(
+        self,
+        store: str | None = None,
+        name: str = "default",
+        *,
+        clock: port.Clock | None = None,
+        ledger_limit: int = DEFAULT_LEDGER_LIMIT,
+        max_failures: int = 8,
+    ) -> None:
+        if not _NAME.match(name):
+            raise errors.InvalidInput(f"app name {name!r} must be a short identifier")
+        if max_failures < 1:
+            raise errors.InvalidInput(f"max_failures must be at least 1, got {max_failures}")
+        self.name = name
+        self.url = store
+        self.clock = clock
+        self.ledger_limit = ledger_limit
+        self.max_failures = max_failures
+        self._workflows: dict[str, worker_api.WorkflowDef] = {}
+        self._store: port.Store | None = None
+        self._client: client_api.Client | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"App(name={self.name!r}, store={self.url or default_url()!r})"
+
+    # -- store ----------------------------------------------------------------
+
+    def use_store(self, url: str) -> None:
+        """Point the app at another store before it is first used."""
+        if self._store is not None:
+            raise errors.InvalidInput("the app's store is already open")
+        self.url = url
+
+    @property
+    def store(self) -> port.Store:
+        """The app's store, opened (and migrated) on first use."""
+        with self._lock:
+            if self._store is None:
+                self._store = open_store(self.url, clock=self.clock,
+                                         ledger_limit=self.ledger_limit)
+            return self._store
+
+    @property
+    def client(self) -> client_api.Client:
+        if self._client is None:
+            self._client = client_api.Client(self.store, self.name)
+        return self._client
+
+    def close(self) -> None:
+        """Close the store's connections."""
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+                self._client = None
+
+    # -- registry -------------------------------------------------------------
+
+    def workflow(self, name: str | None = None, *, version: str = "1") -> Callable[[F], F]:
+        """Register a workflow function; its first parameter receives the Context."""
+
+        def register(fn: F) -> F:
+            wf_name = name or fn.__name__
+            if not _NAME.match(wf_name):
+                raise errors.InvalidInput(f"workflow name {wf_name!r} must be a short identifier")
+            if wf_name in self._workflows:
+                raise errors.InvalidInput(f"workflow {wf_name!r} is registered twice")
+            params = codec.param_hints(fn)
+            first = next(iter(inspect.signature(fn).parameters), None)
+            params.pop(first or "", None)
+            positional = [p for p in inspect.signature(fn).parameters][1:]
+            ordered = {p: params.get(p) for p in positional}
+            self._workflows[wf_name] = worker_api.WorkflowDef(
+                name=wf_name, version=str(version), fn=fn,
+                is_async=inspect.iscoroutinefunction(fn), params=ordered,
+                returns=codec.return_hint(fn))
+            fn.__perdure_workflow__ = wf_name  # type: ignore[attr-defined]
+            return fn
+
+        return register
+
+    @overload
+    def step(self, fn: F, /) -> F: ...
+
+    @overload
+    def step(self, fn: None = None, /, *, name: str | None = None,
+             effect: effects.Effect = "idempotent",
+             retry: effects.Retry | None = None) -> Callable[[F], F]: ...
+
+    def step(self, fn: F | None = None, /, *, name: str | None = None,
+             effect: effects.Effect = "idempotent",
+             retry: effects.Retry | None = None) -> F | Callable[[F], F]:
+        """Declare a step: inside a workflow, a call to it is journaled.
+
+        ``effect`` is ``"pure"``, ``"idempotent"`` (retried under ``retry``) or
+        ``"once"`` (its start is recorded first; never silently repeated).
+        Outside a workflow the function runs as a plain call.
+        """
+
+        def declare(target: F) -> F:
+            opts = effects.StepOptions(name or target.__name__, effect,
+                                       retry or effects.DEFAULT_RETRY)
+            return _wrap(target, opts, transactional=False)
+
+        return declare(fn) if fn is not None else declare
+
+    def transaction(self, name: str | None = None) -> Callable[[F], F]:
+        """Declare a transactional step: ``fn(connection, ...)`` runs in the step's own commit.
+
+        The connection is the store's (``sqlite3.Connection`` or psycopg's);
+        its writes and the journal entry commit together or not at all.
+        """
+
+        def declare(target: F) -> F:
+            opts = effects.StepOptions(name or target.__name__, "pure", effects.NO_RETRY,
+                                       transactional=True)
+            return _wrap(target, opts, transactional=True)
+
+        return declare
+
+    def workflow_def(self, name: str) -> worker_api.WorkflowDef | None:
+        return self._workflows.get(name)
+
+    def workflow_versions(self) -> list[tuple[str, str]]:
+        return [(w.name, w.version) for w in self._workflows.values()]
+
+    def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
+        """Return (name, version, return hint) for a workflow function or name."""
+        wf_name = workflow if isinstance(workflow, str) else getattr(
+            workflow, "__perdure_workflow__", None)
+        wf = self._workflows.get(wf_name) if isinstance(wf_name, str) else None
+        if wf is None:
+            raise errors.WorkflowNotFound(str(wf_name or workflow), list(self._workflows))
+        return wf.name, wf.version, wf.returns
+
+    @property
+    def workflows(self) -> dict[str, worker_api.WorkflowDef]:
+        return dict(self._workflows)
+
+    # -- client calls ---------------------------------------------------------
+
+    def start(self, workflow: Any, /, *args: Any, key: str | None = None,
+              **kwargs: Any) -> client_api.RunHandle:
+        """Start a run of ``workflow`` (a registered function or its name)."""
+        name, version, hint = self.workflow_ref(workflow)
+        return self.client.start(name, version, args, kwargs, key=key, hint=hint)
+
+    def handle(self, run_id: str) -> client_api.RunHandle:
+        """Return a handle on an existing run."""
+        info = self.client.get(run_id)
+        wf = self._workflows.get(info.workflow)
+        return self.client.handle(run_id, wf.returns if wf else None)
+
+    def get(self, run_id: str) -> records.RunInfo:
+        return self.client.get(run_id)
+
+    def runs(self, state: str | None = None, workflow: str | None = None,
+             limit: int = 100) -> list[records.RunInfo]:
+        return self.client.runs(state=state, workflow=workflow, limit=limit)
+
+    def signal(self, run_id: str, name: str, payload: Any = None,
+               signal_id: str | None = None) -> records.Receipt:
+        return self.client.signal(run_id, name, payload, signal_id)
+
+    def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
+        return self.client.send(run_id, channel, key, payload)
+
+    def waits(self, run_id: str | None = None) -> list[records.Wait]:
+        return self.client.waits(run_id)
+
+    def resume(self, run_id: str) -> bool:
+        return self.client.resume(run_id)
+
+    def cancel(self, run_id: str) -> bool:
+        return self.client.cancel(run_id)
+
+    def resolve(self, run_id: str, step: str, *, output: Any = client_api._MISSING,
+                error: str | None = None, note: str | None = None) -> records.RunInfo:
+        return self.client.resolve(run_id, step, output=output, error=error, note=note)
+
+    def children(self, run_id: str) -> dict[str, int]:
+        return self.client.children(run_id)
+
+    def history(self, run_id: str) -> list[records.Provenance]:
+        return self.client.history(run_id)
+
+    astart = client_api._athread(start)
+    aget = client_api._athread(get)
+    aruns = client_api._athread(runs)
+    asignal = client_api._athread(signal)
+    asend = client_api._athread(send)
+    awaits = client_api._athread(waits)
+    aresume = client_api._athread(resume)
+    acancel = client_api._athread(cancel)
+    aresolve = client_api._athread(resolve)
+    achildren = client_api._athread(children)
+    ahistory = client_api._athread(history)
+
+    # -- workers --------------------------------------------------------------
+
+    def worker(self, concurrency: int = 8, lease_ttl: float | timedelta = 30,
+               heartbeat: float | timedelta = 5, **options: Any) -> worker_api.Worker:
+        """Return a Worker serving this app (``.run()``, ``.start()``/``.stop()``, or ``with``).
+
+        Raises:
+            errors.LeaseTimingInvalid: (a ValueError) when ``heartbeat`` is not
+                below ``lease_ttl`` and at most a third of it.
+        """
+        ttl = lease_ttl.total_seconds() if isinstance(lease_ttl, timedelta) else float(lease_ttl)
+        beat = heartbeat.total_seconds() if isinstance(heartbeat, timedelta) else float(heartbeat)
+        worker_api.validate_timing(ttl, beat)
+        return worker_api.Worker(self, self.store, concurrency=concurrency, lease_ttl=ttl,
+                             heartbeat=beat, **options)
+
+
+def _wrap(fn: F, opts: effects.StepOptions, *, transactional: bool) -> F:
+    fn.__perdure_step__ = opts  # type: ignore[attr-defined]
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_step(*args: Any, **kwargs: Any) -> Any:
+            ctx = context.current()
+            if ctx is None:
+                return await fn(*args, **kwargs)
+            return await ctx.astep(fn, *args, **kwargs)
+
+        async_step.__perdure_step__ = opts  # type: ignore[attr-defined]
+        return async_step  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def sync_step(*args: Any, **kwargs: Any) -> Any:
+        ctx = context.current()
+        if ctx is None:
+            if transactional:
+                raise errors.InvalidInput(
+                    f"transactional step {opts.name} can only run inside a workflow")
+            return fn(*args, **kwargs)
+        if transactional:
+            return ctx.transaction(fn, *args, **kwargs)
+        return ctx.step(fn, *args, **kwargs)
+
+    sync_step.__perdure_step__ = opts  # type: ignore[attr-defined]
+    return sync_step  # type: ignore[return-value]

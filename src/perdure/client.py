@@ -1,0 +1,330 @@
+"""The calls from outside a run: start, get, runs, signal, send, waits, resume, cancel, resolve.
+
+Nothing here needs the workflows' code, so any process on any host that
+reaches the store can use a :class:`Client`. Each sync call has an async twin
+(``start``/``astart``) derived from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import getpass
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
+from perdure import codec, errors, records
+from perdure.store import port
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_MISSING: Any = object()
+
+
+def _athread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+    """Derive the async twin of a blocking call: the same call, off the event loop."""
+
+    @functools.wraps(fn)
+    async def twin(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    twin.__doc__ = f"Async form of ``{fn.__name__}``."
+    return twin
+
+
+def _decode_column(run_id: str, column: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return codec.decode(text)
+    except errors.InvalidPayload as exc:
+        raise errors.CorruptState(run_id, f"run_{column}_json", str(exc)) from exc
+
+
+def run_info(run: port.Run) -> records.RunInfo:
+    """Convert a stored run to what clients see, refusing unreadable columns."""
+    error = _decode_column(run.run_id, "error", run.error)
+    if error is not None and not isinstance(error, dict):
+        raise errors.CorruptState(run.run_id, "run_error_shape", "error is not an object")
+    return records.RunInfo(
+        run_id=run.run_id,
+        workflow=run.workflow,
+        version=run.version,
+        state=run.state,
+        result=_decode_column(run.run_id, "result", run.result),
+        error=error,
+        attempt=run.generation,
+        failures=run.failures,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        key=run.key,
+        parent_id=run.parent_id,
+        cancel_requested=run.cancel_requested,
+    )
+
+
+def receipt(outcome: port.Outcome) -> records.Receipt:
+    """Return the receipt every sender of this wait is shown."""
+    return records.Receipt(
+        wait_id=f"{outcome.run_id}/{outcome.name}",
+        run_id=outcome.run_id,
+        name=outcome.name,
+        outcome=outcome.outcome,
+        signal_id=outcome.signal_id,
+        at=outcome.at,
+        payload_digest=outcome.payload_digest,
+    )
+
+
+class RunHandle:
+    """A started run."""
+
+    def __init__(self, client: Client, run_id: str, hint: Any = None) -> None:
+        self._client = client
+        self.run_id = run_id
+        self._hint = hint
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.run_id!r})"
+
+    def status(self) -> str:
+        """Return the run's current state."""
+        return self._client.get(self.run_id).state
+
+    def info(self) -> records.RunInfo:
+        return self._client.get(self.run_id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the run to end and return its result.
+
+        Raises:
+            errors.RunFailed: the run ended failed, canceled or needs_attention.
+            errors.ResultTimeout: it did not end within ``timeout`` seconds.
+        """
+        return self._client.result(self.run_id, timeout=timeout, hint=self._hint)
+
+    async def aresult(self, timeout: float | None = None) -> Any:
+        """Async form of ``result``."""
+        return await asyncio.to_thread(self.result, timeout)
+
+
+class Client:
+    """Start, inspect and steer an app's runs through its store."""
+
+    def __init__(self, store: port.Store, app: str) -> None:
+        self.store = store
+        self.app = app
+
+    # -- runs -----------------------------------------------------------------
+
+    def start(self, workflow: str, version: str, args: list[Any] | tuple[Any, ...] = (),
+              kwargs: dict[str, Any] | None = None, *, key: str | None = None,
+              hint: Any = None) -> RunHandle:
+        """Create a run (or return the run already created under ``key``)."""
+        if key is not None and (not key or len(key) > 512):
+            raise errors.InvalidInput("a run key must be 1 to 512 characters")
+        text = codec.encode({"args": list(args), "kwargs": kwargs or {}})
+        run, _ = self.store.create_run(port.NewRun(
+            run_id=uuid.uuid4().hex, app=self.app, workflow=workflow, version=version,
+            input=text, key=key))
+        return RunHandle(self, run.run_id, hint)
+
+    def handle(self, run_id: str, hint: Any = None) -> RunHandle:
+        return RunHandle(self, run_id, hint)
+
+    def _run(self, run_id: str) -> port.Run:
+        run = self.store.get_run(run_id)
+        if run is None or run.app != self.app:
+            raise errors.RunNotFound(run_id)
+        return run
+
+    def get(self, run_id: str) -> records.RunInfo:
+        """Return the run's current information."""
+        return run_info(self._run(run_id))
+
+    def runs(self, state: str | None = None, workflow: str | None = None,
+             limit: int = 100) -> list[records.RunInfo]:
+        """Return the app's runs, newest first."""
+        if state is not None and state not in port.RUN_STATES:
+            raise errors.InvalidInput(f"unknown state {state!r}; one of {', '.join(port.RUN_STATES)}")
+        if limit < 1:
+            raise errors.InvalidInput(f"limit must be at least 1, got {limit}")
+        found = self.store.list_runs(self.app, state=state, workflow=workflow, limit=limit)
+        return [run_info(r) for r in found]
+
+    def result(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
+        """Wait for the run to end; return its result or raise RunFailed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            info = self.get(run_id)
+            if info.state == "succeeded":
+                return codec.convert(info.result, hint)
+            if info.done:
+                raise errors.RunFailed(run_id, info.state, info.error)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise errors.ResultTimeout(f"run {run_id} is still {info.state} after {timeout}s")
+            left = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
+            time.sleep(left)
+            pause = min(pause * 1.5, 0.05)
+
+    def children(self, run_id: str) -> dict[str, int]:
+        """Return how many child runs of the run are in each state."""
+        self._run(run_id)
+        return self.store.child_counts(run_id)
+
+    def history(self, run_id: str) -> list[records.Provenance]:
+        """Return the run's provenance ledger, oldest first."""
+        self._run(run_id)
+        return [
+            records.Provenance(e.sequence, e.kind, e.at, e.generation, e.worker, e.step,
+                               e.digest, e.note)
+            for e in self.store.history(run_id)
+        ]
+
+    # -- waits and messages ---------------------------------------------------
+
+    def signal(self, run_id: str, name: str, payload: Any = None,
+               signal_id: str | None = None) -> records.Receipt:
+        """Settle the run's wait ``name`` with ``payload``; return the receipt.
+
+        Raises:
+            errors.WaitSettled: another signal, a timeout or a cancel settled it first.
+            errors.WaitExpired: its deadline had passed; it is now settled as timed out.
+            errors.RunNotFound, errors.RunFinished.
+        """
+        if not name or "/" in name:
+            raise errors.InvalidInput(f"wait name {name!r} must be non-empty, without '/'")
+        run = self._run(run_id)
+        if run.state in port.TERMINAL_STATES:
+            raise errors.RunFinished(run_id, run.state)
+        signal_id = signal_id or uuid.uuid4().hex
+        text = codec.encode(payload)
+        offered = port.Outcome(run_id, name, "signaled", signal_id, text, codec.digest(text),
+                               self.store.now())
+        stored, created = self.store.settle_wait(run_id, name, offered)
+        found = receipt(stored)
+        if stored.outcome == "signaled" and stored.signal_id == signal_id:
+            return found
+        if stored.outcome == "timed_out" and created:
+            raise errors.WaitExpired(f"wait {found.wait_id} expired before this signal", found)
+        raise errors.WaitSettled(f"wait {found.wait_id} was already {stored.outcome}", found)
+
+    def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
+        """Store a channel message; False when ``key`` was already sent (first payload wins)."""
+        if not channel or not key:
+            raise errors.InvalidInput("channel and key must be non-empty")
+        run = self._run(run_id)
+        if run.state in port.TERMINAL_STATES:
+            raise errors.RunFinished(run_id, run.state)
+        return self.store.send(port.NewMessage(run_id, channel, key, codec.encode(payload)))
+
+    def _settle_expired(self, waits: list[port.WaitRecord]) -> list[port.WaitRecord]:
+        now = self.store.now()
+        still_open = []
+        for wait in waits:
+            if wait.deadline is not None and wait.deadline <= now and wait.kind != "child":
+                timeout = port.Outcome(wait.run_id, wait.name, "timed_out", None, None, None, now)
+                try:
+                    self.store.settle_wait(wait.run_id, wait.name, timeout)
+                except (errors.RunNotFound, errors.RunFinished):
+                    pass
+                continue
+            still_open.append(wait)
+        return still_open
+
+    def waits(self, run_id: str | None = None) -> list[records.Wait]:
+        """Return open waits, settling expired ones as timed out on the way."""
+        if run_id is not None:
+            self._run(run_id)
+        found = self._settle_expired(self.store.waits(self.app, run_id))
+        return [records.Wait(f"{w.run_id}/{w.name}", w.run_id, w.name, w.deadline, w.kind)
+                for w in found]
+
+    def resume(self, run_id: str) -> bool:
+        """Re-queue a waiting run whose waits all have outcomes.
+
+        Raises:
+            errors.WaitStillOpen: a wait has no outcome (or the run sleeps until later).
+            errors.RunFinished: the run has ended.
+        """
+        run = self._run(run_id)
+        if run.state in port.TERMINAL_STATES:
+            raise errors.RunFinished(run_id, run.state)
+        if run.state != "waiting":
+            return False
+        still_open = self._settle_expired(self.store.waits(self.app, run_id))
+        if still_open:
+            names = ", ".join(f"{w.run_id}/{w.name}" for w in still_open)
+            raise errors.WaitStillOpen(f"run {run_id} still waits on {names}")
+        fresh = self._run(run_id)
+        registered = self.store.outcomes(run_id)
+        if fresh.state == "waiting" and not registered and fresh.ready_at is not None \
+                and fresh.ready_at > self.store.now():
+            raise errors.WaitStillOpen(f"run {run_id} sleeps until {fresh.ready_at.isoformat()}")
+        return self.store.wake(run_id) or fresh.state == "queued"
+
+    # -- operators ------------------------------------------------------------
+
+    def cancel(self, run_id: str) -> bool:
+        """Cancel the run and its descendants; True if the request took effect."""
+        self._run(run_id)
+        return self.store.request_cancel(run_id)
+
+    def resolve(self, run_id: str, step: str, *, output: Any = _MISSING,
+                error: str | None = None, note: str | None = None) -> records.RunInfo:
+        """Settle the ambiguous step of a ``needs_attention`` run.
+
+        With ``output`` the step is recorded as succeeded and the run re-queued;
+        with ``error`` the step and the run fail.
+
+        Raises:
+            errors.NotResolvable: the run is not stopped on this step.
+        """
+        if (output is _MISSING) == (error is None):
+            raise errors.InvalidInput("resolve takes exactly one of output= or error=")
+        run = self._run(run_id)
+        info = run_info(run)
+        if run.state != "needs_attention":
+            raise errors.NotResolvable(f"run {run_id} is {run.state}, not needs_attention")
+        at_fault = (info.error or {}).get("step")
+        if at_fault != step:
+            raise errors.NotResolvable(
+                f"run {run_id} is not stopped on step {step!r}"
+                + (f" (it is stopped on {at_fault!r})" if at_fault else
+                   f" ({(info.error or {}).get('code')}: nothing to resolve)"))
+        entry = next((e for e in self.store.journal(run_id)
+                      if e.kind == "step" and e.name == step and e.status == "started"), None)
+        if entry is None:
+            raise errors.NotResolvable(f"step {step!r} of run {run_id} has no unsettled effect")
+        who = f"{getpass.getuser()}@{socket.gethostname()}"
+        why = f"resolved by {who}" + (f": {note}" if note else "")
+        if error is None:
+            final = port.JournalEntry(entry.position, "step", step, "ok", codec.encode(output),
+                                      attempt=entry.attempt)
+            self.store.resolve(run_id, run.generation, final, state="queued", error=None,
+                               note=why + " (succeeded)")
+        else:
+            failure = {"type": "Resolved", "message": error, "code": "step_failed"}
+            final = port.JournalEntry(entry.position, "step", step, "error",
+                                      error=codec.encode(failure), attempt=entry.attempt)
+            run_error = codec.encode({"code": "resolved_failed", "message": error, "step": step})
+            self.store.resolve(run_id, run.generation, final, state="failed", error=run_error,
+                               note=why + " (failed)")
+        return self.get(run_id)
+
+    aget = _athread(get)
+    aruns = _athread(runs)
+    aresult = _athread(result)
+    achildren = _athread(children)
+    ahistory = _athread(history)
+    asignal = _athread(signal)
+    asend = _athread(send)
+    awaits = _athread(waits)
+    aresume = _athread(resume)
+    acancel = _athread(cancel)
+    aresolve = _athread(resolve)

@@ -1,0 +1,192 @@
+"""JSON encoding of payloads, and decoding driven by type hints.
+
+Values cross the store as JSON text. Dataclasses and pydantic models are
+accepted on the way in and rebuilt on the way out when a type hint asks for
+them; anything else that is not a JSON value is refused with
+:class:`errors.InvalidPayload` rather than silently stringified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import types
+import typing
+import uuid
+from datetime import date, datetime
+from typing import Any
+
+from perdure import errors
+
+
+def _default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def encode(value: Any) -> str:
+    """Return ``value`` as compact JSON text.
+
+    Raises:
+        errors.InvalidPayload: the value is not JSON-encodable.
+    """
+    try:
+        return json.dumps(value, default=_default, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidPayload(f"cannot encode {type(value).__name__} as JSON: {exc}") from exc
+
+
+def decode(text: str) -> Any:
+    """Parse JSON text.
+
+    Raises:
+        errors.InvalidPayload: the text is not JSON.
+    """
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidPayload(f"not valid JSON: {exc}") from exc
+
+
+def digest(text: str | None) -> str | None:
+    """Return a short, stable digest of a payload's JSON text."""
+    if text is None:
+        return None
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def convert(value: Any, hint: Any) -> Any:
+    """Rebuild ``value`` (a decoded JSON value) as the type ``hint`` declares.
+
+    Unknown or absent hints return the value unchanged.
+
+    Raises:
+        errors.InvalidPayload: the value does not fit the hint.
+    """
+    try:
+        return _convert(value, hint)
+    except errors.InvalidPayload:
+        raise
+    except (TypeError, ValueError, KeyError) as exc:
+        raise errors.InvalidPayload(f"cannot read {value!r} as {_name(hint)}: {exc}") from exc
+
+
+def _name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or repr(hint)
+
+
+def _convert(value: Any, hint: Any) -> Any:
+    if hint is None or hint is Any or hint is typing.Any or isinstance(hint, typing.TypeVar):
+        return value
+    if hint is type(None):
+        return None
+    origin = typing.get_origin(hint)
+    targs = typing.get_args(hint)
+    if origin is typing.Annotated:
+        return _convert(value, targs[0])
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in targs:
+            return None
+        for option in targs:
+            if option is type(None):
+                continue
+            try:
+                return _convert(value, option)
+            except (errors.InvalidPayload, TypeError, ValueError, KeyError):
+                continue
+        raise errors.InvalidPayload(f"{value!r} matches none of {_name(hint)}")
+    if origin is typing.Literal:
+        if value not in targs:
+            raise errors.InvalidPayload(f"{value!r} is not one of {targs}")
+        return value
+    if origin in (list, set, frozenset, tuple) or origin is not None:
+        return _convert_generic(value, origin, targs)
+    if isinstance(hint, type):
+        return _convert_class(value, hint)
+    return value
+
+
+def _convert_generic(value: Any, origin: Any, targs: tuple[Any, ...]) -> Any:
+    if origin in (list, set, frozenset):
+        if not isinstance(value, list):
+            raise errors.InvalidPayload(f"expected a list, got {type(value).__name__}")
+        inner = targs[0] if targs else Any
+        items = [_convert(v, inner) for v in value]
+        return origin(items) if origin is not list else items
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise errors.InvalidPayload(f"expected a list, got {type(value).__name__}")
+        if len(targs) == 2 and targs[1] is Ellipsis:
+            return tuple(_convert(v, targs[0]) for v in value)
+        if targs and len(targs) != len(value):
+            raise errors.InvalidPayload(f"expected {len(targs)} items, got {len(value)}")
+        return tuple(_convert(v, t) for v, t in zip(value, targs or [Any] * len(value), strict=True))
+    if origin is dict or (isinstance(origin, type) and issubclass(origin, dict)):
+        if not isinstance(value, dict):
+            raise errors.InvalidPayload(f"expected an object, got {type(value).__name__}")
+        vt = targs[1] if len(targs) == 2 else Any
+        return {k: _convert(v, vt) for k, v in value.items()}
+    return value
+
+
+def _convert_class(value: Any, cls: type) -> Any:
+    if dataclasses.is_dataclass(cls):
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise errors.InvalidPayload(f"expected an object for {cls.__name__}")
+        hints = typing.get_type_hints(cls)
+        kwargs = {
+            f.name: _convert(value[f.name], hints.get(f.name))
+            for f in dataclasses.fields(cls)
+            if f.name in value and f.init
+        }
+        return cls(**kwargs)
+    validate = getattr(cls, "model_validate", None)
+    if callable(validate):
+        return validate(value)
+    if issubclass(cls, enum.Enum):
+        return cls(value)
+    if cls is datetime:
+        return datetime.fromisoformat(value) if isinstance(value, str) else value
+    if cls is date:
+        return date.fromisoformat(value) if isinstance(value, str) else value
+    if cls is uuid.UUID:
+        return uuid.UUID(value) if isinstance(value, str) else value
+    if cls is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if cls in (int, float, str, bool, list, dict) and not isinstance(value, cls):
+        raise errors.InvalidPayload(f"expected {cls.__name__}, got {type(value).__name__}")
+    return value
+
+
+def return_hint(fn: Any) -> Any:
+    """Return the declared return type of ``fn``, or None when it has none."""
+    try:
+        return typing.get_type_hints(fn).get("return")
+    except Exception:
+        return None
+
+
+def param_hints(fn: Any) -> dict[str, Any]:
+    """Return the declared parameter types of ``fn`` (empty when unreadable)."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return {}
+    hints.pop("return", None)
+    return hints

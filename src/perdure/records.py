@@ -1,0 +1,81 @@
+"""The public records perdure hands back: runs, receipts, waits, messages, history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as a client sees it.
+
+    ``attempt`` counts how many times the run has been claimed; ``failures``
+    counts consecutive failed attempts. ``error`` is a dict with ``code``,
+    ``message`` and, when a step is at fault, ``step``.
+    """
+
+    run_id: str
+    workflow: str
+    version: str
+    state: str
+    result: Any
+    error: dict[str, Any] | None
+    attempt: int
+    failures: int
+    created_at: datetime
+    updated_at: datetime
+    key: str | None = None
+    parent_id: str | None = None
+    cancel_requested: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("succeeded", "failed", "canceled", "needs_attention")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What a signal's sender gets back; every later sender sees the same one."""
+
+    wait_id: str
+    run_id: str
+    name: str
+    outcome: str
+    signal_id: str | None
+    at: datetime
+    payload_digest: str | None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """An open wait: a run paused for a signal, a message or a child."""
+
+    wait_id: str
+    run_id: str
+    name: str
+    deadline: datetime | None
+    kind: str = "signal"
+
+
+@dataclass(frozen=True)
+class Message:
+    """A channel message as ``ctx.receive`` returns it."""
+
+    key: str
+    payload: Any
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """One receipt of a run's provenance ledger; never holds a payload."""
+
+    sequence: int
+    kind: str
+    at: datetime
+    generation: int
+    worker: str | None
+    step: str | None
+    digest: str | None
+    note: str | None = None

@@ -1,0 +1,104 @@
+"""Match the calls a workflow makes against its journal. No I/O.
+
+A run's code is re-executed from the top on every claim. Each durable call
+takes the next journal position; :class:`JournalCursor` says whether that
+position holds a recorded entry for the same call (replay it) or nothing
+(execute it), and refuses a recorded entry of another kind or name.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from perdure import effects, errors
+from perdure.store import port
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the code does at a position: a kind and a name."""
+
+    kind: str
+    name: str
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.name!r}"
+
+
+def check_journal(run_id: str, entries: Sequence[port.JournalEntry]) -> None:
+    """Refuse a journal whose positions are not 1, 2, ... without gaps or repeats.
+
+    Raises:
+        errors.CorruptState: naming the run and the invariant.
+    """
+    for expected, entry in enumerate(entries, start=1):
+        if entry.position != expected:
+            kind = "journal_duplicate_position" if entry.position < expected else "journal_gap"
+            raise errors.CorruptState(
+                run_id, kind, f"expected position {expected}, found {entry.position}"
+            )
+
+
+class JournalCursor:
+    """Walk a run's journal in step with its code."""
+
+    def __init__(self, run_id: str, entries: Sequence[port.JournalEntry]) -> None:
+        check_journal(run_id, entries)
+        self.run_id = run_id
+        self._entries = list(entries)
+        self._position = 0
+        self._names: Counter[str] = Counter()
+
+    @property
+    def position(self) -> int:
+        """The position of the latest call (0 before the first)."""
+        return self._position
+
+    @property
+    def replaying(self) -> bool:
+        """Whether recorded entries remain ahead of the cursor."""
+        return self._position < len(self._entries)
+
+    def step_key(self, name: str) -> str:
+        """Return the key of the next call of step ``name`` (``name``, ``name#2``, ...)."""
+        self._names[name] += 1
+        return effects.step_key(name, self._names[name])
+
+    def next(self, call: Call) -> port.JournalEntry | None:
+        """Advance to the next position and return its recorded entry, or None to execute.
+
+        Raises:
+            errors.NonDeterminism: the recorded entry is for a different call.
+        """
+        self._position += 1
+        if self._position > len(self._entries):
+            return None
+        entry = self._entries[self._position - 1]
+        if entry.kind != call.kind or entry.name != call.name:
+            recorded = Call(entry.kind, entry.name)
+            raise errors.NonDeterminism(
+                f"run {self.run_id} position {self._position}: "
+                f"journal has {recorded.describe()}, code now calls {call.describe()}"
+            )
+        return entry
+
+    def record(self, entry: port.JournalEntry) -> None:
+        """Remember an entry this execution wrote, so later re-execution replays it."""
+        index = entry.position - 1
+        if index < len(self._entries):
+            self._entries[index] = entry
+        elif index == len(self._entries):
+            self._entries.append(entry)
+        else:
+            raise errors.CorruptState(self.run_id, "journal_gap", f"wrote {entry.position}")
+
+    def entries(self) -> list[port.JournalEntry]:
+        """Return the journal as this cursor knows it."""
+        return list(self._entries)
+
+    def rewind(self) -> None:
+        """Go back to the start for another pass over the same code."""
+        self._position = 0
+        self._names.clear()

@@ -1,0 +1,503 @@
+"""The worker: claims runs, executes them through Context + replay, parks, sweeps.
+
+One claim loop thread, one heartbeat thread, a thread pool for executions
+(``concurrency`` slots) and, when async workflows are registered, one event
+loop thread that runs their coroutines. A claimed run executes from the top
+of its code; replay returns recorded outcomes until the first unrecorded
+position. Recovery after a crash is this same path: the next claim of a run
+whose lease lapsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Protocol
+
+from perdure import codec, context, effects, errors
+from perdure.store import port
+
+log = logging.getLogger("perdure.worker")
+
+_WORKER_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+@dataclass(frozen=True)
+class WorkflowDef:
+    """A registered workflow."""
+
+    name: str
+    version: str
+    fn: Callable[..., Any]
+    is_async: bool
+    params: dict[str, Any]
+    returns: Any
+
+
+class Registry(Protocol):
+    """What the worker needs from the app."""
+
+    name: str
+    max_failures: int
+
+    def workflow_def(self, name: str) -> WorkflowDef | None: ...
+
+    def workflow_versions(self) -> list[tuple[str, str]]: ...
+
+    def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]: ...
+
+
+def validate_timing(lease_ttl: float, heartbeat: float) -> None:
+    """Refuse a heartbeat that could let a live worker's lease lapse.
+
+    Raises:
+        errors.LeaseTimingInvalid: (a ``ValueError``) naming both values.
+    """
+    if lease_ttl <= 0 or heartbeat <= 0 or heartbeat >= lease_ttl or heartbeat * 3 > lease_ttl:
+        raise errors.LeaseTimingInvalid(
+            f"heartbeat={heartbeat} must be positive, below lease_ttl={lease_ttl} "
+            f"and at most a third of it (<= {lease_ttl / 3:g})"
+        )
+
+
+def default_worker_id() -> str:
+    """Return ``host-pid-random``: printable ASCII, no spaces, at most 128 characters."""
+    host = re.sub(r"[^\x21-\x7e]", "_", socket.gethostname())[:80] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class Execution:
+    """One claimed run being executed: the runtime its Context talks to."""
+
+    def __init__(self, worker: Worker, claimed: port.Claimed) -> None:
+        self._worker = worker
+        self._claim = claimed.claim
+        self.claimed = claimed
+        self.lost: errors.LeaseLost | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def claim(self) -> port.Claim:
+        with self._lock:
+            return self._claim
+
+    def renewed(self, claim: port.Claim) -> None:
+        with self._lock:
+            self._claim = replace(claim, canceling=self._claim.canceling)
+
+    def check(self) -> None:
+        lost = self.lost
+        if lost is not None:
+            if isinstance(lost, errors.Canceled) and self.claim.canceling:
+                self.lost = None
+                return
+            raise lost
+        if self._worker.stopping:
+            raise context.Halt("release", {"code": "worker_stopping", "message": "worker stopping"})
+
+    def acknowledge_cancel(self) -> None:
+        with self._lock:
+            self._claim = replace(self._claim, canceling=True)
+
+    def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
+        return self._worker.registry.workflow_ref(workflow)
+
+    def pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self._worker._stop_event.wait(min(left, 0.05))
+            self.check()
+        self.check()
+
+
+class Worker:
+    """Serves one app's runs until stopped. Use ``app.worker(...)`` to make one."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        store: port.Store,
+        *,
+        concurrency: int = 8,
+        lease_ttl: float = 30.0,
+        heartbeat: float = 5.0,
+        poll_interval: float = 1.0,
+        sweep_interval: float = 10.0,
+        worker_id: str | None = None,
+    ) -> None:
+        validate_timing(lease_ttl, heartbeat)
+        if concurrency < 1:
+            raise errors.InvalidInput(f"concurrency must be at least 1, got {concurrency}")
+        if poll_interval <= 0:
+            raise errors.InvalidInput(f"poll_interval must be positive, got {poll_interval}")
+        self.worker_id = worker_id or default_worker_id()
+        if not _WORKER_ID.match(self.worker_id):
+            raise errors.InvalidInput(
+                "a worker id is 1 to 128 printable ASCII characters without spaces"
+            )
+        self.registry = registry
+        self.store = store
+        self.concurrency = concurrency
+        self.lease_ttl = lease_ttl
+        self.heartbeat = heartbeat
+        self.poll_interval = poll_interval
+        self.sweep_interval = sweep_interval
+        self._active: dict[str, Execution] = {}
+        self._active_lock = threading.Lock()
+        self._slot_freed = threading.Event()
+        self._stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._next_wake: float | None = None
+        self._started = False
+
+    # -- lifecycle ------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_event.is_set()
+
+    def start(self) -> Worker:
+        """Start serving in background threads; return self."""
+        if self._started:
+            return self
+        self._started = True
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="perdure-run")
+        self._loop = asyncio.new_event_loop()
+        for target, name in (
+            (self._loop.run_forever, "perdure-loop"),
+            (self._claim_loop, "perdure-claim"),
+            (self._heartbeat_loop, "perdure-heartbeat"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("worker %s serving app %s", self.worker_id, self.registry.name)
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop claiming; let in-flight runs finish their step or release them; wait."""
+        self._stop_event.set()
+        self._slot_freed.set()
+        with contextlib.suppress(Exception):
+            self.store.notify_ready()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads[1:]:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._pool is not None:
+            self._pool.shutdown(wait=deadline is None, cancel_futures=True)
+            while deadline is not None and self._active and time.monotonic() < deadline:
+                self._slot_freed.wait(0.05)
+                self._slot_freed.clear()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        log.info("worker %s stopped", self.worker_id)
+
+    def run(self) -> None:
+        """Serve until SIGINT or SIGTERM, then stop gracefully."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, lambda *_: self._stop_event.set())
+        self.start()
+        try:
+            while not self._stop_event.wait(0.5):
+                pass
+        finally:
+            self.stop(timeout=self.lease_ttl)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def __enter__(self) -> Worker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(timeout=self.lease_ttl)
+
+    # -- claiming -------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        last_sweep = 0.0
+        while not self._stop_event.is_set():
+            free = self.concurrency - len(self._active)
+            if free <= 0:
+                self._slot_freed.wait(self.poll_interval)
+                self._slot_freed.clear()
+                continue
+            try:
+                if time.monotonic() - last_sweep >= self.sweep_interval:
+                    last_sweep = time.monotonic()
+                    self.store.sweep()
+                claimed = self.store.claim(
+                    self.registry.name,
+                    self.worker_id,
+                    self.registry.workflow_versions(),
+                    lease_ttl=self.lease_ttl,
+                    limit=free,
+                )
+            except Exception as exc:
+                log.warning("worker %s: claim failed: %s", self.worker_id, exc)
+                self._stop_event.wait(self.poll_interval)
+                continue
+            for item in claimed:
+                self._dispatch(item)
+            if not claimed:
+                self.store.wait_ready(self._idle_timeout())
+
+    def _idle_timeout(self) -> float:
+        timeout = self.poll_interval
+        if self._next_wake is not None:
+            left = self._next_wake - time.monotonic()
+            if left <= 0:
+                self._next_wake = None
+                return 0.0
+            timeout = min(timeout, left)
+        return timeout
+
+    def _note_wake(self, when: datetime | None) -> None:
+        if when is None:
+            return
+        left = (when - self.store.now()).total_seconds()
+        at = time.monotonic() + max(0.0, left)
+        if self._next_wake is None or at < self._next_wake:
+            self._next_wake = at
+            self.store.notify_ready()
+
+    def _dispatch(self, claimed: port.Claimed) -> None:
+        execution = Execution(self, claimed)
+        with self._active_lock:
+            self._active[claimed.claim.run_id] = execution
+        assert self._pool is not None
+        try:
+            self._pool.submit(self._execute, execution)
+        except RuntimeError:
+            self._forget(execution)
+
+    def _forget(self, execution: Execution) -> None:
+        with self._active_lock:
+            self._active.pop(execution.claim.run_id, None)
+        self._slot_freed.set()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop_event.wait(self.heartbeat) or self._active:
+            for execution in list(self._active.values()):
+                if execution.lost is not None:
+                    continue
+                try:
+                    execution.renewed(self.store.renew(execution.claim, lease_ttl=self.lease_ttl))
+                except errors.LeaseLost as lost:
+                    log.info("run %s: lease renewal refused (%s)", execution.claim.run_id, lost.code)
+                    execution.lost = lost
+                except Exception as exc:
+                    log.warning("run %s: lease renewal failed: %s", execution.claim.run_id, exc)
+            if self._stop_event.is_set() and self._active:
+                time.sleep(min(self.heartbeat, 0.05))
+
+    # -- executing ------------------------------------------------------------
+
+    def _execute(self, execution: Execution) -> None:
+        try:
+            _Drive(self, execution).run()
+        except errors.StaleClaim:
+            log.info("run %s: claim is stale; another worker owns it", execution.claim.run_id)
+        except Exception:
+            log.exception("run %s: unexpected engine error", execution.claim.run_id)
+        finally:
+            self._forget(execution)
+
+    def invoke(self, wf: WorkflowDef, ctx: context.Context, args: list[Any],
+               kwargs: dict[str, Any]) -> Any:
+        """Call the workflow function with ``ctx`` bound, on the loop if it is async."""
+        if wf.is_async:
+            assert self._loop is not None
+
+            async def call() -> Any:
+                token = ctx.bind()
+                try:
+                    return await wf.fn(ctx, *args, **kwargs)
+                finally:
+                    ctx.unbind(token)
+
+            return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+        token = ctx.bind()
+        try:
+            return wf.fn(ctx, *args, **kwargs)
+        finally:
+            ctx.unbind(token)
+
+
+def _error(code: str, message: str, **extra: Any) -> str:
+    return codec.encode({"code": code, "message": message, **extra})
+
+
+class _Drive:
+    """Execute one claimed run to its next resting point (parked, ended or released)."""
+
+    def __init__(self, worker: Worker, execution: Execution) -> None:
+        self.worker = worker
+        self.store = worker.store
+        self.ex = execution
+        self.run_ = execution.claimed.run
+        self.ctx: context.Context | None = None
+
+    def run(self) -> None:
+        run = self.run_
+        log.info("run %s claimed by %s (generation %d%s)", run.run_id, self.ex.claim.worker,
+                 self.ex.claim.generation, ", recovered" if self.ex.claimed.recovered else "")
+        if run.cancel_requested:
+            self.ex.acknowledge_cancel()
+            self._settle_cancel(self.ex.claimed.journal)
+            return
+        if run.failures >= self.worker.registry.max_failures:
+            self._finish("needs_attention", error=_error(
+                "poison_run", f"{run.failures} consecutive attempts failed; not retrying"))
+            return
+        wf = self.worker.registry.workflow_def(run.workflow)
+        if wf is None or wf.version != run.version:
+            self._finish("needs_attention", error=_error(
+                "workflow_not_found", f"this worker has no {run.workflow} version {run.version}"))
+            return
+        try:
+            self.ctx = context.Context(run=run, store=self.store, runtime=self.ex,
+                                       journal=self.ex.claimed.journal,
+                                       outcomes=self.ex.claimed.outcomes)
+            args, kwargs = self._inputs(wf)
+        except (errors.CorruptState, errors.InvalidPayload) as exc:
+            self._finish("needs_attention", error=_error("corrupt_state", str(exc)))
+            return
+        self._loop(wf, self.ctx, args, kwargs)
+
+    def _inputs(self, wf: WorkflowDef) -> tuple[list[Any], dict[str, Any]]:
+        data = codec.decode(self.run_.input)
+        if not isinstance(data, dict) or not isinstance(data.get("args"), list):
+            raise errors.CorruptState(self.run_.run_id, "run_input_shape", "expected {args, kwargs}")
+        names = list(wf.params)
+        args = [codec.convert(v, wf.params[names[i]]) if i < len(names) else v
+                for i, v in enumerate(data["args"])]
+        kwargs = {k: codec.convert(v, wf.params.get(k)) for k, v in data.get("kwargs", {}).items()}
+        return args, kwargs
+
+    def _loop(self, wf: WorkflowDef, ctx: context.Context, args: list[Any],
+              kwargs: dict[str, Any]) -> None:
+        while True:
+            try:
+                result = self.worker.invoke(wf, ctx, args, kwargs)
+            except context.Parked as parked:
+                entries, marks = ctx.take_pending()
+                try:
+                    done = self.store.park(self.ex.claim, entries, parked.waits,
+                                           wake_at=parked.wake_at, marks=marks)
+                except errors.Canceled:
+                    self.ex.acknowledge_cancel()
+                    self._settle_cancel(ctx.take_pending()[0])
+                    return
+                if done:
+                    log.info("run %s parked (%s)", self.run_.run_id,
+                             ", ".join(w.name for w in parked.waits) or f"until {parked.wake_at}")
+                    deadlines = [w.deadline for w in parked.waits if w.deadline] + (
+                        [parked.wake_at] if parked.wake_at else [])
+                    self.worker._note_wake(min(deadlines) if deadlines else None)
+                    return
+                ctx.restart()
+                continue
+            except BaseException as exc:  # noqa: BLE001 - every exit is settled below
+                self._settle(exc)
+                return
+            try:
+                text = codec.encode(result)
+            except errors.InvalidPayload as exc:
+                self._finish("failed", error=_error(exc.code, str(exc)))
+                return
+            self._finish("succeeded", result=text)
+            return
+
+    def _settle(self, exc: BaseException) -> None:
+        if isinstance(exc, errors.StaleClaim):
+            raise exc
+        if isinstance(exc, errors.Canceled):
+            self.ex.acknowledge_cancel()
+            self._settle_cancel()
+        elif isinstance(exc, context.Halt):
+            if exc.reason == "needs_attention":
+                self._finish("needs_attention", error=codec.encode(exc.error))
+            elif exc.reason == "release":
+                self._release(failed=False, why="worker stopping")
+            else:
+                self._release(failed=True, why=exc.error.get("message", ""))
+        elif isinstance(exc, errors.CorruptState):
+            self._finish("needs_attention", error=_error(exc.code, str(exc)))
+        elif isinstance(exc, errors.StepFailed):
+            self._finish("failed", error=_error(exc.code, str(exc), step=exc.step))
+        elif isinstance(exc, errors.WaitTimedOut | errors.ChildFailed | errors.InvalidPayload):
+            self._finish("failed", error=_error(exc.code, str(exc)))
+        elif isinstance(exc, Exception):
+            self._finish("failed", error=_error(
+                "workflow_failed", f"{type(exc).__name__}: {exc}", type=type(exc).__name__))
+        else:
+            raise exc
+
+    def _settle_cancel(self, extra: list[port.JournalEntry] | None = None) -> None:
+        unsettled = self.ctx.unsettled_effect if self.ctx is not None else None
+        if unsettled is None:
+            journal = self.ctx._cursor.entries() if self.ctx is not None else self.ex.claimed.journal
+            unsettled = next((e.name for e in journal if e.kind == "step" and e.status == "started"),
+                             None)
+        if unsettled is not None:
+            self._finish("needs_attention", error=_error(
+                "effect_outcome_unknown",
+                f"the run was canceled while the effect of step {unsettled} was unsettled",
+                step=unsettled))
+        else:
+            self._finish("canceled", error=_error("canceled", "the run was canceled"))
+
+    def _pending(self) -> tuple[list[port.JournalEntry], list[port.Mark]]:
+        return self.ctx.take_pending() if self.ctx is not None else ([], [])
+
+    def _finish(self, state: port.RunState, *, result: str | None = None,
+                error: str | None = None) -> None:
+        entries, marks = self._pending()
+        try:
+            self.store.finish(self.ex.claim, entries, state=state, result=result, error=error,
+                              marks=marks)
+        except errors.Canceled:
+            if state in ("canceled", "needs_attention"):
+                raise
+            self.ex.acknowledge_cancel()
+            self._settle_cancel()
+            return
+        except errors.StaleClaim:
+            raise
+        except Exception as exc:
+            log.warning("run %s: could not record %s: %s", self.run_.run_id, state, exc)
+            return
+        detail = f": {codec.decode(error).get('message')}" if error else ""
+        log.info("run %s %s%s", self.run_.run_id, state, detail)
+
+    def _release(self, *, failed: bool, why: str) -> None:
+        failures = self.run_.failures + (1 if failed else 0)
+        if failed and failures >= self.worker.registry.max_failures:
+            self._finish("needs_attention", error=_error(
+                "poison_run", f"{failures} consecutive attempts failed; last: {why}"))
+            return
+        delay = effects.release_backoff(failures) if failed else 0.0
+        try:
+            self.store.release(self.ex.claim, delay=delay, failed=failed)
+        except errors.LeaseLost:
+            raise
+        except Exception as exc:
+            log.warning("run %s: release failed (%s); its lease will lapse", self.run_.run_id, exc)
+            return
+        log.info("run %s released%s", self.run_.run_id, f" after failure: {why}" if failed else "")
