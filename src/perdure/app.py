@@ -74,7 +74,8 @@ class App:
     @property
     def client(self) -> client_api.Client:
         if self._client is None:
-            self._client = client_api.Client(self.store, self.name)
+            self._client = client_api.Client(self.store, self.name,
+                                               ledger_limit=self.ledger_limit)
         return self._client
 
     def close(self) -> None:

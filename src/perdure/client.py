@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
-from perdure import codec, errors, records
+from perdure import codec, errors, records, validation
 from perdure.store import port
 
 P = ParamSpec("P")
@@ -115,9 +115,10 @@ class RunHandle:
 class Client:
     """Start, inspect and steer an app's runs through its store."""
 
-    def __init__(self, store: port.Store, app: str) -> None:
+    def __init__(self, store: port.Store, app: str, *, ledger_limit: int = 256) -> None:
         self.store = store
         self.app = app
+        self.ledger_limit = ledger_limit
 
     # -- runs -----------------------------------------------------------------
 
@@ -179,11 +180,19 @@ class Client:
 
     def history(self, run_id: str) -> list[records.Provenance]:
         """Return the run's provenance ledger, oldest first."""
-        self._run(run_id)
+        # The ledger and the run's sequence are read separately; a receipt
+        # appended in between is not corruption, so read again until they agree.
+        for _ in range(10):
+            entries = self.store.history(run_id)
+            run = self._run(run_id)
+            last = entries[-1].sequence if entries else 0
+            if run.ledger_sequence <= last:
+                break
+        validation.ledger(run, entries, limit=self.ledger_limit)
         return [
             records.Provenance(e.sequence, e.kind, e.at, e.generation, e.worker, e.step,
                                e.digest, e.note)
-            for e in self.store.history(run_id)
+            for e in entries
         ]
 
     # -- waits and messages ---------------------------------------------------

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from perdure import codec, context, effects, errors
+from perdure import codec, context, effects, errors, validation
 from perdure.store import port
 
 log = logging.getLogger("perdure.worker")
@@ -357,6 +357,15 @@ class _Drive:
         run = self.run_
         log.info("run %s claimed by %s (generation %d%s)", run.run_id, self.ex.claim.worker,
                  self.ex.claim.generation, ", recovered" if self.ex.claimed.recovered else "")
+        try:
+            validation.run(run, max_failures=self.worker.registry.max_failures)
+            validation.journal(run.run_id, self.ex.claimed.journal)
+            validation.outcomes(run.run_id, self.ex.claimed.outcomes, self.ex.claimed.journal)
+        except errors.CorruptState as exc:
+            log.error("run %s: %s", run.run_id, exc)
+            self._finish("needs_attention", error=_error(exc.code, str(exc),
+                                                         invariant=exc.invariant))
+            return
         if run.cancel_requested:
             self.ex.acknowledge_cancel()
             self._settle_cancel(self.ex.claimed.journal)
