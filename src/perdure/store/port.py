@@ -34,7 +34,8 @@ Rules every adapter keeps:
   without gaps and keeps only the newest ``ledger_limit`` of them.
 * An adapter refuses rows it cannot read (unknown state, malformed column) with
   :class:`errors.CorruptState`; it never guesses.
-* Ending a run (``finish``, a cancel, a failed ``resolve``) removes the run's
+* Ending a run (``finish`` in any terminal state but ``needs_attention``, a
+  cancel, a failed ``resolve``) removes the run's
   wait, outcome and message records, and if the run has a parent, creates the
   parent's outcome record ``child:<run_id>`` (put-if-absent, payload
   ``{"run_id", "state", "result", "error"}`` as JSON) and wakes the parent.

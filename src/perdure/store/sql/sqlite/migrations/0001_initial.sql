@@ -1,0 +1,107 @@
+-- 0001: the initial schema.
+
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    version TEXT NOT NULL,
+    state TEXT NOT NULL,
+    input TEXT NOT NULL,
+    result TEXT,
+    error TEXT,
+    key TEXT,
+    parent_id TEXT,
+    generation INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    worker TEXT,
+    lease_expires_at INTEGER,
+    ready_at INTEGER,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    ledger_sequence INTEGER NOT NULL DEFAULT 0,
+    message_sequence INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+
+-- Idempotent creation: one run per (app, key).
+CREATE UNIQUE INDEX runs_app_key ON runs (app, key) WHERE key IS NOT NULL;
+
+-- Claims: each claimable (state, ready_at) range is one ordered index scan.
+CREATE INDEX runs_claim ON runs (app, state, ready_at, created_at);
+
+-- Sweeps: waiting runs whose ready_at passed, across apps.
+CREATE INDEX runs_waiting_ready ON runs (ready_at) WHERE state = 'waiting';
+
+-- Child counts and recursive cancel.
+CREATE INDEX runs_parent ON runs (parent_id, state) WHERE parent_id IS NOT NULL;
+
+-- Listing, newest first.
+CREATE INDEX runs_listing ON runs (app, created_at);
+
+CREATE TABLE journal (
+    run_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    output TEXT,
+    error TEXT,
+    attempt INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, position)
+) WITHOUT ROWID;
+
+CREATE TABLE ledger (
+    run_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    worker TEXT,
+    step TEXT,
+    digest TEXT,
+    note TEXT,
+    PRIMARY KEY (run_id, sequence)
+) WITHOUT ROWID;
+
+CREATE TABLE waits (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    app TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    deadline INTEGER,
+    after_sequence INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, name)
+) WITHOUT ROWID;
+
+-- Open waits of an app, oldest first.
+CREATE INDEX waits_app ON waits (app, created_at);
+
+-- Deadline sweeps.
+CREATE INDEX waits_deadline ON waits (deadline) WHERE deadline IS NOT NULL;
+
+CREATE TABLE outcomes (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    signal_id TEXT,
+    payload TEXT,
+    payload_digest TEXT,
+    at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+
+CREATE TABLE messages (
+    run_id TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    key TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    payload TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, channel, key)
+);
+
+-- Delivery order within a channel.
+CREATE UNIQUE INDEX messages_order ON messages (run_id, channel, sequence);

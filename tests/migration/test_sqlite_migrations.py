@@ -1,0 +1,153 @@
+"""The SQLite migrations produce exactly ``schema.sql``, once, and refuse a newer schema."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from perdure import errors
+from perdure.store import open_store, sqlfiles, sqlite
+
+
+def _objects(path: Path) -> list[tuple[str, str, str, str | None]]:
+    """Return the database's schema objects with their SQL normalised for comparison."""
+    conn = sqlite3.connect(path)
+    try:
+        found = conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [(kind, name, table, _normalise(sql)) for kind, name, table, sql in found]
+
+
+def _normalise(sql: str | None) -> str | None:
+    if sql is None:  # automatic indexes of PRIMARY KEY and UNIQUE constraints
+        return None
+    text = re.sub(r"\bIF NOT EXISTS\b", "", sql, flags=re.IGNORECASE)
+    text = re.sub(r"\s+", " ", text)
+    return re.sub(r"\s*([(),])\s*", r"\1", text).strip()
+
+
+def _versions(path: Path) -> list[int]:
+    conn = sqlite3.connect(path)
+    try:
+        return [row[0] for row in conn.execute("SELECT version FROM perdure_schema ORDER BY 1")]
+    finally:
+        conn.close()
+
+
+def _migrated(path: Path) -> None:
+    store = sqlite.SqliteStore(f"sqlite:///{path}")
+    try:
+        store.migrate()
+    finally:
+        store.close()
+
+
+def test_migrations_produce_schema_sql(tmp_path: Path) -> None:
+    migrated, reference = tmp_path / "migrated.db", tmp_path / "reference.db"
+    _migrated(migrated)
+    conn = sqlite3.connect(reference)
+    conn.executescript(sqlfiles.schema("sqlite"))
+    conn.close()
+
+    expected = _objects(reference)
+    assert {name for kind, name, _, _ in expected if kind == "table"} == {
+        "perdure_schema",
+        "runs",
+        "journal",
+        "ledger",
+        "waits",
+        "outcomes",
+        "messages",
+    }
+    assert _objects(migrated) == expected
+
+
+def test_every_migration_is_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    _migrated(path)
+    assert _versions(path) == [m.version for m in sqlfiles.migrations("sqlite")]
+
+
+def test_migrate_is_idempotent(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    _migrated(path)
+    before = _objects(path)
+    store = sqlite.SqliteStore(f"sqlite:///{path}")
+    store.migrate()
+    store.migrate()
+    store.close()
+    assert _objects(path) == before
+    assert _versions(path) == [m.version for m in sqlfiles.migrations("sqlite")]
+
+
+def _race(path: str, barrier: multiprocessing.synchronize.Barrier) -> None:
+    store = sqlite.SqliteStore(f"sqlite:///{path}")
+    barrier.wait()
+    store.migrate()
+    store.close()
+
+
+def test_racing_processes_migrate_once(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(3)
+    workers = [ctx.Process(target=_race, args=(str(path), barrier)) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert [worker.exitcode for worker in workers] == [0, 0, 0]
+    assert _versions(path) == [m.version for m in sqlfiles.migrations("sqlite")]
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    _migrated(path)
+    newer = len(sqlfiles.migrations("sqlite")) + 1
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("INSERT INTO perdure_schema (version, applied_at) VALUES (?, 0)", (newer,))
+    conn.close()
+    before = _objects(path)
+
+    store = sqlite.SqliteStore(f"sqlite:///{path}")
+    with pytest.raises(errors.SchemaTooNew) as caught:
+        store.migrate()
+    store.close()
+    message = str(caught.value)
+    assert f"schema version {newer}" in message
+    assert f"up to {newer - 1}" in message
+    assert "upgrade perdure" in message
+    assert _objects(path) == before
+
+    with pytest.raises(errors.SchemaTooNew):
+        open_store(f"sqlite:///{path}")
+
+
+def test_a_failing_migration_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.db"
+    _migrated(path)
+    before = _objects(path)
+    known = sqlfiles.migrations("sqlite")
+    broken = sqlfiles.Migration(
+        len(known) + 1,
+        f"{len(known) + 1:04d}_broken.sql",
+        "CREATE TABLE half_done (x INTEGER);\nCREATE TABLE runs (x INTEGER);\n",
+    )
+    monkeypatch.setattr(sqlfiles, "migrations", lambda adapter: [*known, broken])
+
+    store = sqlite.SqliteStore(f"sqlite:///{path}")
+    with pytest.raises(sqlite3.OperationalError):
+        store.migrate()
+    store.close()
+    assert _objects(path) == before
+    assert _versions(path) == [m.version for m in known]
