@@ -67,15 +67,13 @@ class App:
         """The app's store, opened (and migrated) on first use."""
         with self._lock:
             if self._store is None:
-                self._store = open_store(self.url, clock=self.clock,
-                                         ledger_limit=self.ledger_limit)
+                self._store = open_store(self.url, clock=self.clock, ledger_limit=self.ledger_limit)
             return self._store
 
     @property
     def client(self) -> client_api.Client:
         if self._client is None:
-            self._client = client_api.Client(self.store, self.name,
-                                               ledger_limit=self.ledger_limit)
+            self._client = client_api.Client(self.store, self.name, ledger_limit=self.ledger_limit)
         return self._client
 
     def close(self) -> None:
@@ -103,9 +101,13 @@ class App:
             positional = [p for p in inspect.signature(fn).parameters][1:]
             ordered = {p: params.get(p) for p in positional}
             self._workflows[wf_name] = worker_api.WorkflowDef(
-                name=wf_name, version=str(version), fn=fn,
-                is_async=inspect.iscoroutinefunction(fn), params=ordered,
-                returns=codec.return_hint(fn))
+                name=wf_name,
+                version=str(version),
+                fn=fn,
+                is_async=inspect.iscoroutinefunction(fn),
+                params=ordered,
+                returns=codec.return_hint(fn),
+            )
             fn.__perdure_workflow__ = wf_name  # type: ignore[attr-defined]
             return fn
 
@@ -115,13 +117,25 @@ class App:
     def step(self, fn: F, /) -> F: ...
 
     @overload
-    def step(self, fn: None = None, /, *, name: str | None = None,
-             effect: effects.Effect = "idempotent",
-             retry: effects.Retry | None = None) -> Callable[[F], F]: ...
+    def step(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        effect: effects.Effect = "idempotent",
+        retry: effects.Retry | None = None,
+    ) -> Callable[[F], F]: ...
 
-    def step(self, fn: F | None = None, /, *, name: str | None = None,
-             effect: effects.Effect = "idempotent",
-             retry: effects.Retry | None = None) -> F | Callable[[F], F]:
+    def step(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        effect: effects.Effect = "idempotent",
+        retry: effects.Retry | None = None,
+    ) -> F | Callable[[F], F]:
         """Declare a step: inside a workflow, a call to it is journaled.
 
         ``effect`` is ``"pure"``, ``"idempotent"`` (retried under ``retry``) or
@@ -130,8 +144,9 @@ class App:
         """
 
         def declare(target: F) -> F:
-            opts = effects.StepOptions(name or target.__name__, effect,
-                                       retry or effects.DEFAULT_RETRY)
+            opts = effects.StepOptions(
+                name or target.__name__, effect, retry or effects.DEFAULT_RETRY
+            )
             return _wrap(target, opts, transactional=False)
 
         return declare(fn) if fn is not None else declare
@@ -144,8 +159,9 @@ class App:
         """
 
         def declare(target: F) -> F:
-            opts = effects.StepOptions(name or target.__name__, "pure", effects.NO_RETRY,
-                                       transactional=True)
+            opts = effects.StepOptions(
+                name or target.__name__, "pure", effects.NO_RETRY, transactional=True
+            )
             return _wrap(target, opts, transactional=True)
 
         return declare
@@ -158,8 +174,11 @@ class App:
 
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
         """Return (name, version, return hint) for a workflow function or name."""
-        wf_name = workflow if isinstance(workflow, str) else getattr(
-            workflow, "__perdure_workflow__", None)
+        wf_name = (
+            workflow
+            if isinstance(workflow, str)
+            else getattr(workflow, "__perdure_workflow__", None)
+        )
         wf = self._workflows.get(wf_name) if isinstance(wf_name, str) else None
         if wf is None:
             raise errors.WorkflowNotFound(str(wf_name or workflow), list(self._workflows))
@@ -171,8 +190,9 @@ class App:
 
     # -- client calls ---------------------------------------------------------
 
-    def start(self, workflow: Any, /, *args: Any, key: str | None = None,
-              **kwargs: Any) -> client_api.RunHandle:
+    def start(
+        self, workflow: Any, /, *args: Any, key: str | None = None, **kwargs: Any
+    ) -> client_api.RunHandle:
         """Start a run of ``workflow`` (a registered function or its name)."""
         name, version, hint = self.workflow_ref(workflow)
         return self.client.start(name, version, args, kwargs, key=key, hint=hint)
@@ -186,12 +206,14 @@ class App:
     def get(self, run_id: str) -> records.RunInfo:
         return self.client.get(run_id)
 
-    def runs(self, state: str | None = None, workflow: str | None = None,
-             limit: int = 100) -> list[records.RunInfo]:
+    def runs(
+        self, state: str | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[records.RunInfo]:
         return self.client.runs(state=state, workflow=workflow, limit=limit)
 
-    def signal(self, run_id: str, name: str, payload: Any = None,
-               signal_id: str | None = None) -> records.Receipt:
+    def signal(
+        self, run_id: str, name: str, payload: Any = None, signal_id: str | None = None
+    ) -> records.Receipt:
         return self.client.signal(run_id, name, payload, signal_id)
 
     def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
@@ -206,8 +228,15 @@ class App:
     def cancel(self, run_id: str) -> bool:
         return self.client.cancel(run_id)
 
-    def resolve(self, run_id: str, step: str, *, output: Any = client_api._MISSING,
-                error: str | None = None, note: str | None = None) -> records.RunInfo:
+    def resolve(
+        self,
+        run_id: str,
+        step: str,
+        *,
+        output: Any = client_api._MISSING,
+        error: str | None = None,
+        note: str | None = None,
+    ) -> records.RunInfo:
         return self.client.resolve(run_id, step, output=output, error=error, note=note)
 
     def children(self, run_id: str) -> dict[str, int]:
@@ -230,8 +259,13 @@ class App:
 
     # -- workers --------------------------------------------------------------
 
-    def worker(self, concurrency: int = 8, lease_ttl: float | timedelta = 30,
-               heartbeat: float | timedelta = 5, **options: Any) -> worker_api.Worker:
+    def worker(
+        self,
+        concurrency: int = 8,
+        lease_ttl: float | timedelta = 30,
+        heartbeat: float | timedelta = 5,
+        **options: Any,
+    ) -> worker_api.Worker:
         """Return a Worker serving this app (``.run()``, ``.start()``/``.stop()``, or ``with``).
 
         Raises:
@@ -241,8 +275,9 @@ class App:
         ttl = lease_ttl.total_seconds() if isinstance(lease_ttl, timedelta) else float(lease_ttl)
         beat = heartbeat.total_seconds() if isinstance(heartbeat, timedelta) else float(heartbeat)
         worker_api.validate_timing(ttl, beat)
-        return worker_api.Worker(self, self.store, concurrency=concurrency, lease_ttl=ttl,
-                             heartbeat=beat, **options)
+        return worker_api.Worker(
+            self, self.store, concurrency=concurrency, lease_ttl=ttl, heartbeat=beat, **options
+        )
 
 
 def _wrap(fn: F, opts: effects.StepOptions, *, transactional: bool) -> F:
@@ -265,7 +300,8 @@ def _wrap(fn: F, opts: effects.StepOptions, *, transactional: bool) -> F:
         if ctx is None:
             if transactional:
                 raise errors.InvalidInput(
-                    f"transactional step {opts.name} can only run inside a workflow")
+                    f"transactional step {opts.name} can only run inside a workflow"
+                )
             return fn(*args, **kwargs)
         if transactional:
             return ctx.transaction(fn, *args, **kwargs)

@@ -8,6 +8,7 @@ reaches the store can use a :class:`Client`. Each sync call has an async twin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import getpass
 import socket
@@ -122,16 +123,30 @@ class Client:
 
     # -- runs -----------------------------------------------------------------
 
-    def start(self, workflow: str, version: str, args: list[Any] | tuple[Any, ...] = (),
-              kwargs: dict[str, Any] | None = None, *, key: str | None = None,
-              hint: Any = None) -> RunHandle:
+    def start(
+        self,
+        workflow: str,
+        version: str,
+        args: list[Any] | tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        hint: Any = None,
+    ) -> RunHandle:
         """Create a run (or return the run already created under ``key``)."""
         if key is not None and (not key or len(key) > 512):
             raise errors.InvalidInput("a run key must be 1 to 512 characters")
         text = codec.encode({"args": list(args), "kwargs": kwargs or {}})
-        run, _ = self.store.create_run(port.NewRun(
-            run_id=uuid.uuid4().hex, app=self.app, workflow=workflow, version=version,
-            input=text, key=key))
+        run, _ = self.store.create_run(
+            port.NewRun(
+                run_id=uuid.uuid4().hex,
+                app=self.app,
+                workflow=workflow,
+                version=version,
+                input=text,
+                key=key,
+            )
+        )
         return RunHandle(self, run.run_id, hint)
 
     def handle(self, run_id: str, hint: Any = None) -> RunHandle:
@@ -147,11 +162,14 @@ class Client:
         """Return the run's current information."""
         return run_info(self._run(run_id))
 
-    def runs(self, state: str | None = None, workflow: str | None = None,
-             limit: int = 100) -> list[records.RunInfo]:
+    def runs(
+        self, state: str | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[records.RunInfo]:
         """Return the app's runs, newest first."""
         if state is not None and state not in port.RUN_STATES:
-            raise errors.InvalidInput(f"unknown state {state!r}; one of {', '.join(port.RUN_STATES)}")
+            raise errors.InvalidInput(
+                f"unknown state {state!r}; one of {', '.join(port.RUN_STATES)}"
+            )
         if limit < 1:
             raise errors.InvalidInput(f"limit must be at least 1, got {limit}")
         found = self.store.list_runs(self.app, state=state, workflow=workflow, limit=limit)
@@ -190,15 +208,17 @@ class Client:
                 break
         validation.ledger(run, entries, limit=self.ledger_limit)
         return [
-            records.Provenance(e.sequence, e.kind, e.at, e.generation, e.worker, e.step,
-                               e.digest, e.note)
+            records.Provenance(
+                e.sequence, e.kind, e.at, e.generation, e.worker, e.step, e.digest, e.note
+            )
             for e in entries
         ]
 
     # -- waits and messages ---------------------------------------------------
 
-    def signal(self, run_id: str, name: str, payload: Any = None,
-               signal_id: str | None = None) -> records.Receipt:
+    def signal(
+        self, run_id: str, name: str, payload: Any = None, signal_id: str | None = None
+    ) -> records.Receipt:
         """Settle the run's wait ``name`` with ``payload``; return the receipt.
 
         Raises:
@@ -213,8 +233,9 @@ class Client:
             raise errors.RunFinished(run_id, run.state)
         signal_id = signal_id or uuid.uuid4().hex
         text = codec.encode(payload)
-        offered = port.Outcome(run_id, name, "signaled", signal_id, text, codec.digest(text),
-                               self.store.now())
+        offered = port.Outcome(
+            run_id, name, "signaled", signal_id, text, codec.digest(text), self.store.now()
+        )
         stored, created = self.store.settle_wait(run_id, name, offered)
         found = receipt(stored)
         if stored.outcome == "signaled" and stored.signal_id == signal_id:
@@ -233,17 +254,21 @@ class Client:
         return self.store.send(port.NewMessage(run_id, channel, key, codec.encode(payload)))
 
     def _settle_expired(self, waits: list[port.WaitRecord]) -> list[port.WaitRecord]:
+        """Settle expired signal waits as timed out (and wake runs past a receive's
+        deadline); return the waits still open."""
         now = self.store.now()
         still_open = []
         for wait in waits:
-            if wait.deadline is not None and wait.deadline <= now and wait.kind != "child":
+            if wait.deadline is None or wait.deadline > now:
+                still_open.append(wait)
+            elif wait.kind == "signal":
                 timeout = port.Outcome(wait.run_id, wait.name, "timed_out", None, None, None, now)
-                try:
+                with contextlib.suppress(errors.RunNotFound, errors.RunFinished):
                     self.store.settle_wait(wait.run_id, wait.name, timeout)
-                except (errors.RunNotFound, errors.RunFinished):
-                    pass
-                continue
-            still_open.append(wait)
+            else:
+                # A receive's timeout is decided by its owner, which compares the
+                # journaled deadline with the messages it finds.
+                self.store.wake(wait.run_id)
         return still_open
 
     def waits(self, run_id: str | None = None) -> list[records.Wait]:
@@ -251,8 +276,10 @@ class Client:
         if run_id is not None:
             self._run(run_id)
         found = self._settle_expired(self.store.waits(self.app, run_id))
-        return [records.Wait(f"{w.run_id}/{w.name}", w.run_id, w.name, w.deadline, w.kind)
-                for w in found]
+        return [
+            records.Wait(f"{w.run_id}/{w.name}", w.run_id, w.name, w.deadline, w.kind)
+            for w in found
+        ]
 
     def resume(self, run_id: str) -> bool:
         """Re-queue a waiting run whose waits all have outcomes.
@@ -272,8 +299,12 @@ class Client:
             raise errors.WaitStillOpen(f"run {run_id} still waits on {names}")
         fresh = self._run(run_id)
         registered = self.store.outcomes(run_id)
-        if fresh.state == "waiting" and not registered and fresh.ready_at is not None \
-                and fresh.ready_at > self.store.now():
+        if (
+            fresh.state == "waiting"
+            and not registered
+            and fresh.ready_at is not None
+            and fresh.ready_at > self.store.now()
+        ):
             raise errors.WaitStillOpen(f"run {run_id} sleeps until {fresh.ready_at.isoformat()}")
         return self.store.wake(run_id) or fresh.state == "queued"
 
@@ -284,8 +315,15 @@ class Client:
         self._run(run_id)
         return self.store.request_cancel(run_id)
 
-    def resolve(self, run_id: str, step: str, *, output: Any = _MISSING,
-                error: str | None = None, note: str | None = None) -> records.RunInfo:
+    def resolve(
+        self,
+        run_id: str,
+        step: str,
+        *,
+        output: Any = _MISSING,
+        error: str | None = None,
+        note: str | None = None,
+    ) -> records.RunInfo:
         """Settle the ambiguous step of a ``needs_attention`` run.
 
         With ``output`` the step is recorded as succeeded and the run re-queued;
@@ -304,26 +342,50 @@ class Client:
         if at_fault != step:
             raise errors.NotResolvable(
                 f"run {run_id} is not stopped on step {step!r}"
-                + (f" (it is stopped on {at_fault!r})" if at_fault else
-                   f" ({(info.error or {}).get('code')}: nothing to resolve)"))
-        entry = next((e for e in self.store.journal(run_id)
-                      if e.kind == "step" and e.name == step and e.status == "started"), None)
+                + (
+                    f" (it is stopped on {at_fault!r})"
+                    if at_fault
+                    else f" ({(info.error or {}).get('code')}: nothing to resolve)"
+                )
+            )
+        entry = next(
+            (
+                e
+                for e in self.store.journal(run_id)
+                if e.kind == "step" and e.name == step and e.status == "started"
+            ),
+            None,
+        )
         if entry is None:
             raise errors.NotResolvable(f"step {step!r} of run {run_id} has no unsettled effect")
         who = f"{getpass.getuser()}@{socket.gethostname()}"
         why = f"resolved by {who}" + (f": {note}" if note else "")
         if error is None:
-            final = port.JournalEntry(entry.position, "step", step, "ok", codec.encode(output),
-                                      attempt=entry.attempt)
-            self.store.resolve(run_id, run.generation, final, state="queued", error=None,
-                               note=why + " (succeeded)")
+            final = port.JournalEntry(
+                entry.position, "step", step, "ok", codec.encode(output), attempt=entry.attempt
+            )
+            self.store.resolve(
+                run_id, run.generation, final, state="queued", error=None, note=why + " (succeeded)"
+            )
         else:
             failure = {"type": "Resolved", "message": error, "code": "step_failed"}
-            final = port.JournalEntry(entry.position, "step", step, "error",
-                                      error=codec.encode(failure), attempt=entry.attempt)
+            final = port.JournalEntry(
+                entry.position,
+                "step",
+                step,
+                "error",
+                error=codec.encode(failure),
+                attempt=entry.attempt,
+            )
             run_error = codec.encode({"code": "resolved_failed", "message": error, "step": step})
-            self.store.resolve(run_id, run.generation, final, state="failed", error=run_error,
-                               note=why + " (failed)")
+            self.store.resolve(
+                run_id,
+                run.generation,
+                final,
+                state="failed",
+                error=run_error,
+                note=why + " (failed)",
+            )
         return self.get(run_id)
 
     aget = _athread(get)

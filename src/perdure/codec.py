@@ -134,7 +134,9 @@ def _convert_generic(value: Any, origin: Any, targs: tuple[Any, ...]) -> Any:
             return tuple(_convert(v, targs[0]) for v in value)
         if targs and len(targs) != len(value):
             raise errors.InvalidPayload(f"expected {len(targs)} items, got {len(value)}")
-        return tuple(_convert(v, t) for v, t in zip(value, targs or [Any] * len(value), strict=True))
+        return tuple(
+            _convert(v, t) for v, t in zip(value, targs or [Any] * len(value), strict=True)
+        )
     if origin is dict or (isinstance(origin, type) and issubclass(origin, dict)):
         if not isinstance(value, dict):
             raise errors.InvalidPayload(f"expected an object, got {type(value).__name__}")

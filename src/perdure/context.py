@@ -179,8 +179,12 @@ class Context:
         if mark is not None:
             self._marks.append(mark)
 
-    def _write(self, op: Callable[[port.Claim, list[port.JournalEntry], list[port.Mark]], Any],
-               entry: port.JournalEntry, marks: list[port.Mark]) -> Any:
+    def _write(
+        self,
+        op: Callable[[port.Claim, list[port.JournalEntry], list[port.Mark]], Any],
+        entry: port.JournalEntry,
+        marks: list[port.Mark],
+    ) -> Any:
         """Write buffered entries plus ``entry`` through a fenced store operation."""
         self._buffer(entry)
         entries, buffered = self.take_pending()
@@ -233,7 +237,9 @@ class Context:
         if entry is not None and entry.output is not None:
             return codec.decode(entry.output)
         value = make()
-        self._buffer(port.JournalEntry(self._cursor.position, kind, kind, "ok", codec.encode(value)))
+        self._buffer(
+            port.JournalEntry(self._cursor.position, kind, kind, "ok", codec.encode(value))
+        )
         return value
 
     def now(self) -> datetime:
@@ -266,8 +272,13 @@ class Context:
         if self._store_now() < until:
             raise Parked([], until)
 
-    def _open_entry(self, kind: str, name: str, timeout: timedelta | float | None,
-                    extra: dict[str, Any] | None = None) -> tuple[port.JournalEntry | None, datetime | None]:
+    def _open_entry(
+        self,
+        kind: str,
+        name: str,
+        timeout: timedelta | float | None,
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[port.JournalEntry | None, datetime | None]:
         """Return the settled entry, or None and the journaled deadline of an open one."""
         entry = self._next(replay.Call(kind, name))
         if entry is not None and entry.status != "started":
@@ -275,7 +286,9 @@ class Context:
         if entry is None:
             deadline = None if timeout is None else self._store_now() + _as_delta(timeout)
             body = {"deadline": deadline.isoformat() if deadline else None, **(extra or {})}
-            entry = port.JournalEntry(self._cursor.position, kind, name, "started", codec.encode(body))
+            entry = port.JournalEntry(
+                self._cursor.position, kind, name, "started", codec.encode(body)
+            )
             self._buffer(entry)
         stored = codec.decode(entry.output or "{}").get("deadline")
         return None, datetime.fromisoformat(stored) if stored else None
@@ -283,7 +296,9 @@ class Context:
     def _outcome(self, name: str) -> port.Outcome | None:
         found = self._outcomes.get(name)
         if found is None:
-            self._outcomes = {o.name: o for o in self._guarded(lambda: self._store.outcomes(self.run_id))}
+            self._outcomes = {
+                o.name: o for o in self._guarded(lambda: self._store.outcomes(self.run_id))
+            }
             found = self._outcomes.get(name)
         return found
 
@@ -299,9 +314,15 @@ class Context:
         if done is None:
             outcome = self._outcome(name)
             if outcome is None and deadline is not None and self._store_now() >= deadline:
-                outcome, _ = self._guarded(lambda: self._store.settle_wait(
-                    self.run_id, name, port.Outcome(self.run_id, name, "timed_out", None, None,
-                                                    None, self._store_now())))
+                outcome, _ = self._guarded(
+                    lambda: self._store.settle_wait(
+                        self.run_id,
+                        name,
+                        port.Outcome(
+                            self.run_id, name, "timed_out", None, None, None, self._store_now()
+                        ),
+                    )
+                )
             if outcome is None:
                 raise Parked([port.WaitSpec(name, "signal", deadline)], None)
             done = self._apply_outcome(outcome)
@@ -318,17 +339,24 @@ class Context:
         mark = port.Mark("outcome_applied", outcome.name, outcome.payload_digest)
         if outcome.outcome == "signaled":
             payload = codec.decode(outcome.payload) if outcome.payload is not None else None
-            body = {"payload": payload, "signal_id": outcome.signal_id, "at": outcome.at.isoformat()}
+            body = {
+                "payload": payload,
+                "signal_id": outcome.signal_id,
+                "at": outcome.at.isoformat(),
+            }
             entry = port.JournalEntry(position, "wait", outcome.name, "ok", codec.encode(body))
         else:
             code = "wait_timeout" if outcome.outcome == "timed_out" else "canceled"
             error = _error_dict(code, f"wait {outcome.name!r} {outcome.outcome}")
-            entry = port.JournalEntry(position, "wait", outcome.name, "error", error=codec.encode(error))
+            entry = port.JournalEntry(
+                position, "wait", outcome.name, "error", error=codec.encode(error)
+            )
         self._buffer(entry, mark)
         return entry
 
-    def receive(self, channel: str, timeout: timedelta | float | None = None,
-                *, type: Any = None) -> records.Message:
+    def receive(
+        self, channel: str, timeout: timedelta | float | None = None, *, type: Any = None
+    ) -> records.Message:
         """Return the oldest message on ``channel`` this run has not consumed yet.
 
         Raises:
@@ -342,13 +370,20 @@ class Context:
             message = self._guarded(lambda: self._store.next_message(self.run_id, channel, after))
             position = self._cursor.position
             if message is not None:
-                body = {"key": message.key, "payload": codec.decode(message.payload),
-                        "sequence": message.sequence}
+                body = {
+                    "key": message.key,
+                    "payload": codec.decode(message.payload),
+                    "sequence": message.sequence,
+                }
                 done = port.JournalEntry(position, "receive", channel, "ok", codec.encode(body))
-                self._buffer(done, port.Mark("outcome_applied", channel, codec.digest(message.payload)))
+                self._buffer(
+                    done, port.Mark("outcome_applied", channel, codec.digest(message.payload))
+                )
             elif deadline is not None and self._store_now() >= deadline:
                 error = _error_dict("wait_timeout", f"receive on {channel!r} timed out")
-                done = port.JournalEntry(position, "receive", channel, "error", error=codec.encode(error))
+                done = port.JournalEntry(
+                    position, "receive", channel, "error", error=codec.encode(error)
+                )
                 self._buffer(done)
             else:
                 raise Parked([port.WaitSpec(channel, "channel", deadline, after)], None)
@@ -360,23 +395,76 @@ class Context:
 
     # -- child runs -----------------------------------------------------------
 
-    def start_child(self, workflow: Any, *args: Any, key: str | None = None,
-                    **kwargs: Any) -> ChildHandle:
+    def start_child(
+        self, workflow: Any, *args: Any, key: str | None = None, **kwargs: Any
+    ) -> ChildHandle:
         """Start a child run once (per journal position, or per ``key``) and return its handle."""
         name, version, hint = self._runtime.workflow_ref(workflow)
         entry = self._next(replay.Call("child", name))
         if entry is None:
             child_key = key or f"{self.run_id}/{self._cursor.position}"
             new = port.NewRun(
-                run_id=_uuid.uuid4().hex, app=self._run.app, workflow=name, version=version,
-                input=codec.encode({"args": list(args), "kwargs": kwargs}), key=child_key,
+                run_id=_uuid.uuid4().hex,
+                app=self._run.app,
+                workflow=name,
+                version=version,
+                input=codec.encode({"args": list(args), "kwargs": kwargs}),
+                key=child_key,
                 parent_id=self.run_id,
             )
-            child = self._guarded(lambda: self._store.create_children(self._runtime.claim, [new]))[0]
-            entry = port.JournalEntry(self._cursor.position, "child", name, "ok",
-                                      codec.encode({"run_id": child.run_id}))
+            child = self._guarded(lambda: self._store.create_children(self._runtime.claim, [new]))[
+                0
+            ]
+            entry = port.JournalEntry(
+                self._cursor.position, "child", name, "ok", codec.encode({"run_id": child.run_id})
+            )
             self._buffer(entry)
         return ChildHandle(codec.decode(entry.output or "{}")["run_id"], self, hint)
+
+    def map(self, workflow: Any, items: Any) -> list[ChildHandle]:
+        """Start one child run per item (``workflow(item)``) in a single store call.
+
+        Each child takes one journal position, so a replayed fan-out creates
+        nothing twice. Collect results with ``[h.result() for h in handles]``:
+        the parent pauses on the first child still running.
+        """
+        name, version, hint = self._runtime.workflow_ref(workflow)
+        items = list(items)
+        handles: list[ChildHandle] = []
+        fresh: list[tuple[int, port.NewRun]] = []
+        for item in items:
+            entry = self._next(replay.Call("child", name))
+            if entry is not None:
+                handles.append(
+                    ChildHandle(codec.decode(entry.output or "{}")["run_id"], self, hint)
+                )
+                continue
+            position = self._cursor.position
+            new = port.NewRun(
+                run_id=_uuid.uuid4().hex,
+                app=self._run.app,
+                workflow=name,
+                version=version,
+                input=codec.encode({"args": [item], "kwargs": {}}),
+                key=f"{self.run_id}/{position}",
+                parent_id=self.run_id,
+            )
+            fresh.append((position, new))
+            handles.append(ChildHandle(new.run_id, self, hint))
+        if fresh:
+            created = self._guarded(
+                lambda: self._store.create_children(self._runtime.claim, [new for _, new in fresh])
+            )
+            by_key = {run.key: run.run_id for run in created}
+            for (position, new), index in zip(fresh, range(len(fresh)), strict=True):
+                run_id = by_key.get(new.key, new.run_id)
+                self._buffer(
+                    port.JournalEntry(
+                        position, "child", name, "ok", codec.encode({"run_id": run_id})
+                    )
+                )
+                handles[len(handles) - len(fresh) + index] = ChildHandle(run_id, self, hint)
+        return handles
 
     def _child_result(self, child_id: str, hint: Any) -> Any:
         entry = self._next(replay.Call("child_result", child_id))
@@ -387,14 +475,22 @@ class Context:
             ended = codec.decode(outcome.payload or "{}")
             position = self._cursor.position
             if ended.get("state") == "succeeded":
-                entry = port.JournalEntry(position, "child_result", child_id, "ok",
-                                          codec.encode(ended.get("result")))
+                entry = port.JournalEntry(
+                    position, "child_result", child_id, "ok", codec.encode(ended.get("result"))
+                )
             else:
-                error = _error_dict("child_failed", f"child run {child_id} ended {ended.get('state')}",
-                                    state=ended.get("state"), child_error=ended.get("error"))
-                entry = port.JournalEntry(position, "child_result", child_id, "error",
-                                          error=codec.encode(error))
-            self._buffer(entry, port.Mark("outcome_applied", f"child:{child_id}", outcome.payload_digest))
+                error = _error_dict(
+                    "child_failed",
+                    f"child run {child_id} ended {ended.get('state')}",
+                    state=ended.get("state"),
+                    child_error=ended.get("error"),
+                )
+                entry = port.JournalEntry(
+                    position, "child_result", child_id, "error", error=codec.encode(error)
+                )
+            self._buffer(
+                entry, port.Mark("outcome_applied", f"child:{child_id}", outcome.payload_digest)
+            )
         if entry.status == "ok":
             return codec.convert(codec.decode(entry.output or "null"), hint)
         err = codec.decode(entry.error or "{}")
@@ -449,9 +545,7 @@ class _StepCall:
     """One step call: replay it, or run its attempts and record the outcome."""
 
     def __init__(self, ctx: Context, fn: Callable[..., Any]) -> None:
-        opts = effects.options_of(fn) or effects.StepOptions(
-            name=getattr(fn, "__name__", "step")
-        )
+        opts = effects.options_of(fn) or effects.StepOptions(name=getattr(fn, "__name__", "step"))
         self.ctx = ctx
         self.opts = opts
         self.hint = codec.return_hint(getattr(fn, "__wrapped__", fn))
@@ -470,19 +564,26 @@ class _StepCall:
         if entry.status == "error":
             err = codec.decode(entry.error or "{}")
             raise errors.StepFailed(self.key, str(err.get("type")), str(err.get("message")))
-        raise Halt("needs_attention", _error_dict(
-            "effect_outcome_unknown",
-            f"step {self.key} started its effect (attempt {entry.attempt}) and its outcome "
-            "was never recorded; resolve it with its real outcome",
-            step=self.key, attempt=entry.attempt,
-        ))
+        raise Halt(
+            "needs_attention",
+            _error_dict(
+                "effect_outcome_unknown",
+                f"step {self.key} started its effect (attempt {entry.attempt}) and its outcome "
+                "was never recorded; resolve it with its real outcome",
+                step=self.key,
+                attempt=entry.attempt,
+            ),
+        )
 
     def before(self) -> None:
         self.attempt += 1
         if self.opts.effect == "once":
-            entry = port.JournalEntry(self.position, "step", self.key, "started", attempt=self.attempt)
-            self.ctx._write(self.ctx._store.begin_effect, entry,
-                            [port.Mark("effect_started", self.key)])
+            entry = port.JournalEntry(
+                self.position, "step", self.key, "started", attempt=self.attempt
+            )
+            self.ctx._write(
+                self.ctx._store.begin_effect, entry, [port.Mark("effect_started", self.key)]
+            )
             self.ctx.unsettled_effect = self.key
         else:
             self.ctx._check()
@@ -509,17 +610,27 @@ class _StepCall:
         """Return the pause before the next attempt, or raise what the workflow sees."""
         once = self.opts.effect == "once"
         if once and not isinstance(exc, errors.EffectFailed):
-            raise Halt("needs_attention", _error_dict(
-                "effect_outcome_unknown",
-                f"step {self.key} raised {type(exc).__name__} after its effect started "
-                f"(attempt {self.attempt}): {exc}",
-                step=self.key, attempt=self.attempt,
-            )) from exc
+            raise Halt(
+                "needs_attention",
+                _error_dict(
+                    "effect_outcome_unknown",
+                    f"step {self.key} raised {type(exc).__name__} after its effect started "
+                    f"(attempt {self.attempt}): {exc}",
+                    step=self.key,
+                    attempt=self.attempt,
+                ),
+            ) from exc
         if self.opts.retry.should_retry(self.attempt, exc):
             return self.opts.retry.delay(self.attempt)
         error = {"type": type(exc).__name__, "message": str(exc), "code": "step_failed"}
-        entry = port.JournalEntry(self.position, "step", self.key, "error",
-                                  error=codec.encode(error), attempt=self.attempt)
+        entry = port.JournalEntry(
+            self.position,
+            "step",
+            self.key,
+            "error",
+            error=codec.encode(error),
+            attempt=self.attempt,
+        )
         marks = [port.Mark("step_failed", self.key)]
         if not once:
             marks.insert(0, port.Mark("step_started", self.key))
@@ -540,13 +651,21 @@ class _StepCall:
         marks = [port.Mark("step_started", self.key), port.Mark("step_completed", self.key)]
         entries, buffered = self.ctx.take_pending()
         try:
-            self.ctx._guarded(lambda: self.ctx._store.transaction_step(
-                self.ctx._runtime.claim, entries, run, [*buffered, *marks]))
+            self.ctx._guarded(
+                lambda: self.ctx._store.transaction_step(
+                    self.ctx._runtime.claim, entries, run, [*buffered, *marks]
+                )
+            )
         except Exception as exc:
             error = {"type": type(exc).__name__, "message": str(exc), "code": "step_failed"}
-            failed = port.JournalEntry(self.position, "step", self.key, "error",
-                                       error=codec.encode(error))
-            self.ctx._write(self.ctx._store.finish_step, failed, [port.Mark("step_failed", self.key)])
+            failed = port.JournalEntry(
+                self.position, "step", self.key, "error", error=codec.encode(error)
+            )
+            self.ctx._write(
+                self.ctx._store.finish_step, failed, [port.Mark("step_failed", self.key)]
+            )
             raise errors.StepFailed(self.key, type(exc).__name__, str(exc)) from exc
-        self.ctx._cursor.record(port.JournalEntry(self.position, "step", self.key, "ok", holder["text"]))
+        self.ctx._cursor.record(
+            port.JournalEntry(self.position, "step", self.key, "ok", holder["text"])
+        )
         return codec.convert(codec.decode(holder["text"]), self.hint)

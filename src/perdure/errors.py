@@ -273,7 +273,7 @@ class NonDeterminism(PerdureError):
     code = "non_determinism"
 
 
-class Interrupt(BaseException):  # noqa: N818 - a control signal, not an error
+class Interrupt(BaseException):
     """Control flow that unwinds workflow code; never caught by user code."""
 
     code: ClassVar[str] = "interrupt"

@@ -86,12 +86,16 @@ def journal(run_id: str, entries: Sequence[port.JournalEntry]) -> None:
         _json(run_id, "journal_output_json", entry.output)
         _json(run_id, "journal_error_json", entry.error)
     if started_at is not None and started_at != len(entries):
-        raise _fail(run_id, "journal_started_not_last",
-                    f"position {started_at} is unsettled but the journal goes on")
+        raise _fail(
+            run_id,
+            "journal_started_not_last",
+            f"position {started_at} is unsettled but the journal goes on",
+        )
 
 
-def outcomes(run_id: str, found: Sequence[port.Outcome],
-             entries: Sequence[port.JournalEntry]) -> None:
+def outcomes(
+    run_id: str, found: Sequence[port.Outcome], entries: Sequence[port.JournalEntry]
+) -> None:
     """Check that each outcome belongs to this run and to a wait it can have."""
     children = {_child_id(e) for e in entries if e.kind == "child"}
     for outcome in found:
@@ -100,9 +104,12 @@ def outcomes(run_id: str, found: Sequence[port.Outcome],
         if outcome.outcome not in OUTCOME_KINDS:
             raise _fail(run_id, "outcome_kind", f"unknown outcome {outcome.outcome!r}")
         if outcome.name.startswith("child:"):
-            if outcome.name[len("child:"):] not in children:
-                raise _fail(run_id, "outcome_unknown_wait",
-                            f"outcome {outcome.name!r} names no child of this run")
+            if outcome.name[len("child:") :] not in children:
+                raise _fail(
+                    run_id,
+                    "outcome_unknown_wait",
+                    f"outcome {outcome.name!r} names no child of this run",
+                )
         elif not outcome.name or "/" in outcome.name:
             raise _fail(run_id, "outcome_unknown_wait", f"outcome name {outcome.name!r}")
         _json(run_id, "outcome_payload_json", outcome.payload)
@@ -131,8 +138,11 @@ def ledger(record: port.Run, entries: Sequence[port.LedgerEntry], *, limit: int)
     if total > 0 and not entries:
         raise _fail(rid, "ledger_empty", f"sequence is {total} but no receipts are stored")
     if len(entries) != min(total, limit):
-        raise _fail(rid, "ledger_count", f"{len(entries)} receipts stored, expected "
-                    f"min({total}, {limit}) = {min(total, limit)}")
+        raise _fail(
+            rid,
+            "ledger_count",
+            f"{len(entries)} receipts stored, expected min({total}, {limit}) = {min(total, limit)}",
+        )
     first = total - len(entries) + 1
     previous_generation = -1
     for offset, entry in enumerate(entries):
@@ -140,15 +150,21 @@ def ledger(record: port.Run, entries: Sequence[port.LedgerEntry], *, limit: int)
         if entry.run_id != rid:
             raise _fail(rid, "ledger_run", f"receipt {entry.sequence} is for another run")
         if entry.sequence != expected:
-            raise _fail(rid, "ledger_sequence_gap",
-                        f"expected receipt {expected}, found {entry.sequence}")
+            raise _fail(
+                rid, "ledger_sequence_gap", f"expected receipt {expected}, found {entry.sequence}"
+            )
         if entry.kind not in port.LEDGER_KINDS:
-            raise _fail(rid, "ledger_kind", f"receipt {entry.sequence}: unknown kind {entry.kind!r}")
+            raise _fail(
+                rid, "ledger_kind", f"receipt {entry.sequence}: unknown kind {entry.kind!r}"
+            )
         if entry.kind == "initialized" and entry.sequence != 1:
             raise _fail(rid, "ledger_first", f"receipt {entry.sequence} claims to be 'initialized'")
         if entry.generation < previous_generation:
-            raise _fail(rid, "ledger_generation",
-                        f"receipt {entry.sequence} goes back to generation {entry.generation}")
+            raise _fail(
+                rid,
+                "ledger_generation",
+                f"receipt {entry.sequence} goes back to generation {entry.generation}",
+            )
         previous_generation = entry.generation
         worker_id(rid, entry.worker, where="ledger")
     if first == 1 and entries[0].kind != "initialized":

@@ -299,7 +299,9 @@ class Worker:
                 try:
                     execution.renewed(self.store.renew(execution.claim, lease_ttl=self.lease_ttl))
                 except errors.LeaseLost as lost:
-                    log.info("run %s: lease renewal refused (%s)", execution.claim.run_id, lost.code)
+                    log.info(
+                        "run %s: lease renewal refused (%s)", execution.claim.run_id, lost.code
+                    )
                     execution.lost = lost
                 except Exception as exc:
                     log.warning("run %s: lease renewal failed: %s", execution.claim.run_id, exc)
@@ -318,8 +320,9 @@ class Worker:
         finally:
             self._forget(execution)
 
-    def invoke(self, wf: WorkflowDef, ctx: context.Context, args: list[Any],
-               kwargs: dict[str, Any]) -> Any:
+    def invoke(
+        self, wf: WorkflowDef, ctx: context.Context, args: list[Any], kwargs: dict[str, Any]
+    ) -> Any:
         """Call the workflow function with ``ctx`` bound, on the loop if it is async."""
         if wf.is_async:
             assert self._loop is not None
@@ -355,34 +358,52 @@ class _Drive:
 
     def run(self) -> None:
         run = self.run_
-        log.info("run %s claimed by %s (generation %d%s)", run.run_id, self.ex.claim.worker,
-                 self.ex.claim.generation, ", recovered" if self.ex.claimed.recovered else "")
+        log.info(
+            "run %s claimed by %s (generation %d%s)",
+            run.run_id,
+            self.ex.claim.worker,
+            self.ex.claim.generation,
+            ", recovered" if self.ex.claimed.recovered else "",
+        )
         try:
             validation.run(run, max_failures=self.worker.registry.max_failures)
             validation.journal(run.run_id, self.ex.claimed.journal)
             validation.outcomes(run.run_id, self.ex.claimed.outcomes, self.ex.claimed.journal)
         except errors.CorruptState as exc:
             log.error("run %s: %s", run.run_id, exc)
-            self._finish("needs_attention", error=_error(exc.code, str(exc),
-                                                         invariant=exc.invariant))
+            self._finish(
+                "needs_attention", error=_error(exc.code, str(exc), invariant=exc.invariant)
+            )
             return
         if run.cancel_requested:
             self.ex.acknowledge_cancel()
             self._settle_cancel(self.ex.claimed.journal)
             return
         if run.failures >= self.worker.registry.max_failures:
-            self._finish("needs_attention", error=_error(
-                "poison_run", f"{run.failures} consecutive attempts failed; not retrying"))
+            self._finish(
+                "needs_attention",
+                error=_error(
+                    "poison_run", f"{run.failures} consecutive attempts failed; not retrying"
+                ),
+            )
             return
         wf = self.worker.registry.workflow_def(run.workflow)
         if wf is None or wf.version != run.version:
-            self._finish("needs_attention", error=_error(
-                "workflow_not_found", f"this worker has no {run.workflow} version {run.version}"))
+            self._finish(
+                "needs_attention",
+                error=_error(
+                    "workflow_not_found", f"this worker has no {run.workflow} version {run.version}"
+                ),
+            )
             return
         try:
-            self.ctx = context.Context(run=run, store=self.store, runtime=self.ex,
-                                       journal=self.ex.claimed.journal,
-                                       outcomes=self.ex.claimed.outcomes)
+            self.ctx = context.Context(
+                run=run,
+                store=self.store,
+                runtime=self.ex,
+                journal=self.ex.claimed.journal,
+                outcomes=self.ex.claimed.outcomes,
+            )
             args, kwargs = self._inputs(wf)
         except (errors.CorruptState, errors.InvalidPayload) as exc:
             self._finish("needs_attention", error=_error("corrupt_state", str(exc)))
@@ -392,37 +413,47 @@ class _Drive:
     def _inputs(self, wf: WorkflowDef) -> tuple[list[Any], dict[str, Any]]:
         data = codec.decode(self.run_.input)
         if not isinstance(data, dict) or not isinstance(data.get("args"), list):
-            raise errors.CorruptState(self.run_.run_id, "run_input_shape", "expected {args, kwargs}")
+            raise errors.CorruptState(
+                self.run_.run_id, "run_input_shape", "expected {args, kwargs}"
+            )
         names = list(wf.params)
-        args = [codec.convert(v, wf.params[names[i]]) if i < len(names) else v
-                for i, v in enumerate(data["args"])]
+        args = [
+            codec.convert(v, wf.params[names[i]]) if i < len(names) else v
+            for i, v in enumerate(data["args"])
+        ]
         kwargs = {k: codec.convert(v, wf.params.get(k)) for k, v in data.get("kwargs", {}).items()}
         return args, kwargs
 
-    def _loop(self, wf: WorkflowDef, ctx: context.Context, args: list[Any],
-              kwargs: dict[str, Any]) -> None:
+    def _loop(
+        self, wf: WorkflowDef, ctx: context.Context, args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
         while True:
             try:
                 result = self.worker.invoke(wf, ctx, args, kwargs)
             except context.Parked as parked:
                 entries, marks = ctx.take_pending()
                 try:
-                    done = self.store.park(self.ex.claim, entries, parked.waits,
-                                           wake_at=parked.wake_at, marks=marks)
+                    done = self.store.park(
+                        self.ex.claim, entries, parked.waits, wake_at=parked.wake_at, marks=marks
+                    )
                 except errors.Canceled:
                     self.ex.acknowledge_cancel()
                     self._settle_cancel(ctx.take_pending()[0])
                     return
                 if done:
-                    log.info("run %s parked (%s)", self.run_.run_id,
-                             ", ".join(w.name for w in parked.waits) or f"until {parked.wake_at}")
+                    log.info(
+                        "run %s parked (%s)",
+                        self.run_.run_id,
+                        ", ".join(w.name for w in parked.waits) or f"until {parked.wake_at}",
+                    )
                     deadlines = [w.deadline for w in parked.waits if w.deadline] + (
-                        [parked.wake_at] if parked.wake_at else [])
+                        [parked.wake_at] if parked.wake_at else []
+                    )
                     self.worker._note_wake(min(deadlines) if deadlines else None)
                     return
                 ctx.restart()
                 continue
-            except BaseException as exc:  # noqa: BLE001 - every exit is settled below
+            except BaseException as exc:  # every exit is settled below
                 self._settle(exc)
                 return
             try:
@@ -453,34 +484,47 @@ class _Drive:
         elif isinstance(exc, errors.WaitTimedOut | errors.ChildFailed | errors.InvalidPayload):
             self._finish("failed", error=_error(exc.code, str(exc)))
         elif isinstance(exc, Exception):
-            self._finish("failed", error=_error(
-                "workflow_failed", f"{type(exc).__name__}: {exc}", type=type(exc).__name__))
+            self._finish(
+                "failed",
+                error=_error(
+                    "workflow_failed", f"{type(exc).__name__}: {exc}", type=type(exc).__name__
+                ),
+            )
         else:
             raise exc
 
     def _settle_cancel(self, extra: list[port.JournalEntry] | None = None) -> None:
         unsettled = self.ctx.unsettled_effect if self.ctx is not None else None
         if unsettled is None:
-            journal = self.ctx._cursor.entries() if self.ctx is not None else self.ex.claimed.journal
-            unsettled = next((e.name for e in journal if e.kind == "step" and e.status == "started"),
-                             None)
+            journal = (
+                self.ctx._cursor.entries() if self.ctx is not None else self.ex.claimed.journal
+            )
+            unsettled = next(
+                (e.name for e in journal if e.kind == "step" and e.status == "started"), None
+            )
         if unsettled is not None:
-            self._finish("needs_attention", error=_error(
-                "effect_outcome_unknown",
-                f"the run was canceled while the effect of step {unsettled} was unsettled",
-                step=unsettled))
+            self._finish(
+                "needs_attention",
+                error=_error(
+                    "effect_outcome_unknown",
+                    f"the run was canceled while the effect of step {unsettled} was unsettled",
+                    step=unsettled,
+                ),
+            )
         else:
             self._finish("canceled", error=_error("canceled", "the run was canceled"))
 
     def _pending(self) -> tuple[list[port.JournalEntry], list[port.Mark]]:
         return self.ctx.take_pending() if self.ctx is not None else ([], [])
 
-    def _finish(self, state: port.RunState, *, result: str | None = None,
-                error: str | None = None) -> None:
+    def _finish(
+        self, state: port.RunState, *, result: str | None = None, error: str | None = None
+    ) -> None:
         entries, marks = self._pending()
         try:
-            self.store.finish(self.ex.claim, entries, state=state, result=result, error=error,
-                              marks=marks)
+            self.store.finish(
+                self.ex.claim, entries, state=state, result=result, error=error, marks=marks
+            )
         except errors.Canceled:
             if state in ("canceled", "needs_attention"):
                 raise
@@ -498,8 +542,10 @@ class _Drive:
     def _release(self, *, failed: bool, why: str) -> None:
         failures = self.run_.failures + (1 if failed else 0)
         if failed and failures >= self.worker.registry.max_failures:
-            self._finish("needs_attention", error=_error(
-                "poison_run", f"{failures} consecutive attempts failed; last: {why}"))
+            self._finish(
+                "needs_attention",
+                error=_error("poison_run", f"{failures} consecutive attempts failed; last: {why}"),
+            )
             return
         delay = effects.release_backoff(failures) if failed else 0.0
         try:

@@ -278,7 +278,6 @@ class Claimed:
     recovered: bool = False
 
 
-
 class Store(Protocol):
     """Durable state of runs. Every method is one atomic transition."""
 
