@@ -239,6 +239,11 @@ class App:
     ) -> records.RunInfo:
         return self.client.resolve(run_id, step, output=output, error=error, note=note)
 
+    def fork(self, run_id: str, from_step: str | None = None) -> client_api.RunHandle:
+        """Start a new run reusing ``run_id``'s journal up to ``from_step`` (see Client.fork)."""
+        forked = self.client.fork(run_id, from_step)
+        return self.handle(forked.run_id)
+
     def children(self, run_id: str) -> dict[str, int]:
         return self.client.children(run_id)
 
@@ -255,6 +260,7 @@ class App:
     acancel = client_api._athread(cancel)
     aresolve = client_api._athread(resolve)
     achildren = client_api._athread(children)
+    afork = client_api._athread(fork)
     ahistory = client_api._athread(history)
 
     # -- workers --------------------------------------------------------------

@@ -388,7 +388,49 @@ class Client:
             )
         return self.get(run_id)
 
+    def fork(self, run_id: str, from_step: str | None = None) -> RunHandle:
+        """Start a new run of the same workflow and inputs that reuses the journal.
+
+        The new run replays the old journal up to ``from_step`` (the step's
+        key, e.g. ``charge`` or ``charge#2``), or, by default, up to the first
+        entry that did not succeed, and executes from there: the way to retry
+        a failed run after a fix.
+
+        Raises:
+            errors.InvalidInput: the run's journal has no such step.
+        """
+        run = self._run(run_id)
+        journal = self.store.journal(run_id)
+        validation.journal(run_id, journal)
+        if from_step is None:
+            cut = next((i for i, e in enumerate(journal) if e.status != "ok"), len(journal))
+        else:
+            found = [i for i, e in enumerate(journal) if e.kind == "step" and e.name == from_step]
+            if not found:
+                raise errors.InvalidInput(f"run {run_id} has no step {from_step!r} in its journal")
+            cut = found[0]
+        # A child whose result is not copied would report to the old parent, so
+        # the fork starts its own child from that position.
+        results = {e.name for e in journal[:cut] if e.kind == "child_result"}
+        for i, entry in enumerate(journal[:cut]):
+            if (
+                entry.kind == "child"
+                and codec.decode(entry.output or "{}").get("run_id") not in results
+            ):
+                cut = i
+                break
+        new = port.NewRun(
+            run_id=uuid.uuid4().hex,
+            app=self.app,
+            workflow=run.workflow,
+            version=run.version,
+            input=run.input,
+        )
+        self.store.create_run(new, journal[:cut])
+        return RunHandle(self, new.run_id)
+
     aget = _athread(get)
+    afork = _athread(fork)
     aruns = _athread(runs)
     aresult = _athread(result)
     achildren = _athread(children)

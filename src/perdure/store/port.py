@@ -38,7 +38,8 @@ Rules every adapter keeps:
   cancel, a failed ``resolve``) removes the run's
   wait, outcome and message records, and if the run has a parent, creates the
   parent's outcome record ``child:<run_id>`` (put-if-absent, payload
-  ``{"run_id", "state", "result", "error"}`` as JSON) and wakes the parent.
+  ``{"run_id", "state", "result", "error"}`` as JSON) and wakes the parent if
+  it is parked on that child (a registered wait of that name).
 """
 
 from __future__ import annotations
@@ -315,12 +316,13 @@ class Store(Protocol):
 
     # -- runs -------------------------------------------------------------
 
-    def create_run(self, new: NewRun) -> tuple[Run, bool]:
+    def create_run(self, new: NewRun, journal: Sequence[JournalEntry] = ()) -> tuple[Run, bool]:
         """Create a queued run, or return the existing one with the same ``(app, key)``.
 
         Returns the run and whether this call created it. Concurrent calls
         with one key from any number of processes create exactly one run.
-        Appends ``initialized`` when it creates.
+        Appends ``initialized`` when it creates. ``journal`` (a fork's copied
+        prefix, positions 1..n) is stored with the run when it is created.
         """
         ...
 

@@ -336,10 +336,14 @@ class SqliteStore:
 
     # -- runs -------------------------------------------------------------
 
-    def create_run(self, new: port.NewRun) -> tuple[port.Run, bool]:
+    def create_run(
+        self, new: port.NewRun, journal: Sequence[port.JournalEntry] = ()
+    ) -> tuple[port.Run, bool]:
         """Create a queued run, or return the existing one with the same ``(app, key)``."""
         with self._write() as tx:
             row, created = self._create(tx, new)
+            if created:
+                self._put_entries(tx, new.run_id, journal)
             run = rows.run(row)
         if created:
             self.notify_ready()
@@ -684,7 +688,7 @@ class SqliteStore:
             "child_outcome_put", parent_id=parent_id, name=name, payload=json.dumps(payload)
         ):
             return False
-        return self._wake(tx, parent_id)
+        return self._wake(tx, parent_id, "wake_on_wait", name=name)
 
     def _wake(self, tx: _Tx, run_id: str, query: str = "wake", **params: Any) -> bool:
         row = tx.one(query, run_id=run_id, **params)

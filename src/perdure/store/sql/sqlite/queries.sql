@@ -294,6 +294,18 @@ UPDATE runs SET
 WHERE run_id = :run_id AND state = 'waiting'
 RETURNING generation, ledger_sequence;
 
+-- name: wake_on_wait
+-- A child's end wakes its parent only when the parent is parked on that child,
+-- so a fan-out does not wake the parent once per child.
+UPDATE runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state = 'waiting'
+  AND EXISTS (SELECT 1 FROM waits WHERE waits.run_id = :run_id AND waits.name = :name)
+RETURNING generation, ledger_sequence;
+
 -- name: wake_on_channel
 UPDATE runs SET
     state = 'queued',
