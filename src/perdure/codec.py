@@ -50,6 +50,10 @@ def encode(value: Any) -> str:
         raise errors.InvalidPayload(f"cannot encode {type(value).__name__} as JSON: {exc}") from exc
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def decode(text: str) -> Any:
     """Parse JSON text.
 
@@ -57,7 +61,7 @@ def decode(text: str) -> Any:
         errors.InvalidPayload: the text is not JSON.
     """
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant)
     except (TypeError, ValueError) as exc:
         raise errors.InvalidPayload(f"not valid JSON: {exc}") from exc
 

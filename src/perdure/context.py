@@ -151,12 +151,27 @@ class Context:
     # -- bookkeeping the worker uses ------------------------------------------
 
     def take_pending(self) -> tuple[list[port.JournalEntry], list[port.Mark]]:
-        """Hand the buffered entries and marks to a write, emptying the buffer."""
+        """Hand the buffered entries and marks to a write, emptying the buffer.
+
+        Call :meth:`written` once the write has been stored.
+        """
         entries, marks = self._pending, self._marks
         self._pending, self._marks = [], []
+        return entries, marks
+
+    def restore(self, entries: list[port.JournalEntry], marks: list[port.Mark]) -> None:
+        """Put back entries and marks whose write was refused, ahead of newer ones."""
+        newer = self._pending
+        self._pending = [e for e in entries if all(n.position != e.position for n in newer)]
+        self._pending += newer
+        self._marks[:0] = marks
+
+    def written(self, entries: list[port.JournalEntry]) -> None:
+        """Note entries the store now holds, so a later pass replays them."""
         for entry in entries:
             self._cursor.record(entry)
-        return entries, marks
+            if entry.status != "started" and entry.name == self.unsettled_effect:
+                self.unsettled_effect = None
 
     def restart(self) -> None:
         """Prepare to run the code again from the top (after a park that did not happen)."""
@@ -185,18 +200,28 @@ class Context:
         entry: port.JournalEntry,
         marks: list[port.Mark],
     ) -> Any:
-        """Write buffered entries plus ``entry`` through a fenced store operation."""
+        """Write buffered entries plus ``entry`` through a fenced store operation.
+
+        When the run's cancel refuses the write, an outcome that already
+        happened (``entry`` is not a ``started`` one) is still recorded before
+        the workflow is told; an effect that was about to start is not.
+        """
         self._buffer(entry)
         entries, buffered = self.take_pending()
         try:
-            return self._guarded(lambda: op(self._runtime.claim, entries, [*buffered, *marks]))
+            result = self._guarded(lambda: op(self._runtime.claim, entries, [*buffered, *marks]))
         except errors.Canceled:
             if self._runtime.claim.canceling:
                 raise
-            # Record what already happened, then tell the workflow code.
             self._runtime.acknowledge_cancel()
+            if entry.status == "started":
+                self.restore([e for e in entries if e.position != entry.position], buffered)
+                raise
             self._guarded(lambda: op(self._runtime.claim, entries, [*buffered, *marks]))
+            self.written(entries)
             raise
+        self.written(entries)
+        return result
 
     def _guarded(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -554,6 +579,10 @@ class _StepCall:
         self.value: Any = None
         entry = ctx._next(replay.Call("step", self.key))
         self.position = ctx._cursor.position
+        if entry is not None and _retry_due(entry):
+            # The last attempt certainly did not happen: carry on with the next.
+            self.attempt = entry.attempt
+            entry = None
         self.replayed = entry is not None
         if entry is not None:
             self.value = self._replay(entry)
@@ -597,16 +626,19 @@ class _StepCall:
             _STEP_KEY.reset(token)
 
     def succeeded(self, value: Any) -> Any:
-        text = codec.encode(value)
+        try:
+            text = codec.encode(value)
+        except errors.InvalidPayload as exc:
+            self.failed(exc, final=True)
+            raise  # failed() always raises here
         entry = port.JournalEntry(self.position, "step", self.key, "ok", text, attempt=self.attempt)
         marks = [port.Mark("step_completed", self.key, codec.digest(text))]
         if self.opts.effect != "once":
             marks.insert(0, port.Mark("step_started", self.key))
         self.ctx._write(self.ctx._store.finish_step, entry, marks)
-        self.ctx.unsettled_effect = None
         return codec.convert(codec.decode(text), self.hint)
 
-    def failed(self, exc: Exception) -> float:
+    def failed(self, exc: Exception, *, final: bool = False) -> float:
         """Return the pause before the next attempt, or raise what the workflow sees."""
         once = self.opts.effect == "once"
         if once and not isinstance(exc, errors.EffectFailed):
@@ -614,13 +646,29 @@ class _StepCall:
                 "needs_attention",
                 _error_dict(
                     "effect_outcome_unknown",
-                    f"step {self.key} raised {type(exc).__name__} after its effect started "
-                    f"(attempt {self.attempt}): {exc}",
+                    f"step {self.key} started its effect (attempt {self.attempt}) and then "
+                    f"{type(exc).__name__}: {exc}; its outcome is not recorded",
                     step=self.key,
                     attempt=self.attempt,
                 ),
             ) from exc
-        if self.opts.retry.should_retry(self.attempt, exc):
+        if not final and self.opts.retry.should_retry(self.attempt, exc):
+            if once:
+                # Record that this attempt did not happen, so that a stop or a
+                # lost lease during the pause is not mistaken for an ambiguity.
+                error = {"code": "effect_failed", "type": type(exc).__name__, "message": str(exc)}
+                retry = port.JournalEntry(
+                    self.position,
+                    "step",
+                    self.key,
+                    "started",
+                    error=codec.encode(error),
+                    attempt=self.attempt,
+                )
+                self.ctx._write(
+                    self.ctx._store.finish_step, retry, [port.Mark("step_failed", self.key)]
+                )
+                self.ctx.unsettled_effect = None
             return self.opts.retry.delay(self.attempt)
         error = {"type": type(exc).__name__, "message": str(exc), "code": "step_failed"}
         entry = port.JournalEntry(
@@ -635,7 +683,6 @@ class _StepCall:
         if not once:
             marks.insert(0, port.Mark("step_started", self.key))
         self.ctx._write(self.ctx._store.finish_step, entry, marks)
-        self.ctx.unsettled_effect = None
         raise errors.StepFailed(self.key, type(exc).__name__, str(exc)) from exc
 
     def transact(self, body: Callable[[Any], Any]) -> Any:
@@ -657,6 +704,7 @@ class _StepCall:
                 )
             )
         except Exception as exc:
+            self.ctx.restore(entries, buffered)
             error = {"type": type(exc).__name__, "message": str(exc), "code": "step_failed"}
             failed = port.JournalEntry(
                 self.position, "step", self.key, "error", error=codec.encode(error)
@@ -665,7 +713,20 @@ class _StepCall:
                 self.ctx._store.finish_step, failed, [port.Mark("step_failed", self.key)]
             )
             raise errors.StepFailed(self.key, type(exc).__name__, str(exc)) from exc
-        self.ctx._cursor.record(
-            port.JournalEntry(self.position, "step", self.key, "ok", holder["text"])
+        self.ctx.written(
+            [*entries, port.JournalEntry(self.position, "step", self.key, "ok", holder["text"])]
         )
         return codec.convert(codec.decode(holder["text"]), self.hint)
+
+
+def _retry_due(entry: port.JournalEntry) -> bool:
+    """Whether a ``started`` entry records an attempt whose effect certainly failed."""
+    if entry.status != "started" or entry.error is None:
+        return False
+    error = codec.decode(entry.error)
+    return isinstance(error, dict) and error.get("code") == "effect_failed"
+
+
+def unsettled(entry: port.JournalEntry) -> bool:
+    """Whether the entry is a ``once`` effect that may have escaped without a record."""
+    return entry.kind == "step" and entry.status == "started" and not _retry_due(entry)

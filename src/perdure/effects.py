@@ -47,7 +47,10 @@ class Retry:
 
     def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
         """Return the pause in seconds before attempt ``attempt + 1``."""
-        ceiling = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
+        try:
+            ceiling = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
+        except OverflowError:
+            ceiling = self.max_delay
         return float(ceiling * rng()) if self.jitter else float(ceiling)
 
 
@@ -85,7 +88,8 @@ def idempotency_key(run_id: str, key: str) -> str:
 
 def release_backoff(failures: int, base: float = 1.0, cap: float = 300.0) -> float:
     """Return how long a run whose attempts keep failing waits before the next claim."""
-    return float(min(cap, base * 2 ** max(0, failures - 1)))
+    # The exponent is bounded so that a very long streak cannot overflow.
+    return float(min(cap, base * 2 ** min(max(0, failures - 1), 64)))
 
 
 def options_of(fn: Any) -> StepOptions | None:

@@ -377,7 +377,7 @@ class _Drive:
             return
         if run.cancel_requested:
             self.ex.acknowledge_cancel()
-            self._settle_cancel(self.ex.claimed.journal)
+            self._settle_cancel()
             return
         if run.failures >= self.worker.registry.max_failures:
             self._finish(
@@ -437,9 +437,11 @@ class _Drive:
                         self.ex.claim, entries, parked.waits, wake_at=parked.wake_at, marks=marks
                     )
                 except errors.Canceled:
+                    ctx.restore(entries, marks)
                     self.ex.acknowledge_cancel()
-                    self._settle_cancel(ctx.take_pending()[0])
+                    self._settle_cancel()
                     return
+                ctx.written(entries)
                 if done:
                     log.info(
                         "run %s parked (%s)",
@@ -493,15 +495,13 @@ class _Drive:
         else:
             raise exc
 
-    def _settle_cancel(self, extra: list[port.JournalEntry] | None = None) -> None:
+    def _settle_cancel(self) -> None:
         unsettled = self.ctx.unsettled_effect if self.ctx is not None else None
         if unsettled is None:
             journal = (
                 self.ctx._cursor.entries() if self.ctx is not None else self.ex.claimed.journal
             )
-            unsettled = next(
-                (e.name for e in journal if e.kind == "step" and e.status == "started"), None
-            )
+            unsettled = next((e.name for e in journal if context.unsettled(e)), None)
         if unsettled is not None:
             self._finish(
                 "needs_attention",
@@ -528,6 +528,8 @@ class _Drive:
         except errors.Canceled:
             if state in ("canceled", "needs_attention"):
                 raise
+            if self.ctx is not None:
+                self.ctx.restore(entries, marks)
             self.ex.acknowledge_cancel()
             self._settle_cancel()
             return
