@@ -1,0 +1,13 @@
+"""Run the store conformance suite on the SQLite adapter."""
+
+from __future__ import annotations
+
+import pytest
+
+from perdure.testing import conformance
+
+
+class TestSqliteStore(conformance.StoreConformance):
+    @pytest.fixture
+    def factory(self, sqlite_url: str) -> conformance.StoreFactory:
+        return conformance.url_factory(sqlite_url)
