@@ -1,0 +1,598 @@
+-- Named queries of the shared store, used by perdure/store/postgres.py.
+--
+-- The store's "now" is written coalesce(NOW_PARAM::timestamptz,
+-- statement_timestamp()): the injected clock's instant when the store was
+-- given one, else the database server's clock, so that hosts never compare
+-- their own clocks. statement_timestamp() (not clock_timestamp()) keeps every
+-- instant written by one statement identical.
+--
+-- A fenced write matches its run only while the claim's generation is current,
+-- the run is running and, unless the claim acknowledged it, no cancel was
+-- requested. Zero rows means the claim is lost; the caller diagnoses why.
+
+-- name: migrate_lock
+-- One migrator per database at a time; released at commit.
+SELECT pg_advisory_xact_lock(31636739377689189);
+
+-- name: migrate_prepare
+CREATE SCHEMA IF NOT EXISTS perdure;
+CREATE TABLE IF NOT EXISTS perdure.schema_version (
+    version integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM perdure.schema_version;
+
+-- name: record_migration
+INSERT INTO perdure.schema_version (version) VALUES (%(version)s);
+
+-- name: clock
+SELECT clock_timestamp() AS now;
+
+-- name: listen
+LISTEN perdure_ready;
+
+-- name: notify
+-- Delivered when the transaction commits; identical payloads are merged.
+SELECT pg_notify('perdure_ready', app) FROM unnest(%(apps)s::text[]) AS app;
+
+-- name: create_run
+-- A conflict on run_id or on (app, key) stores nothing; the caller reads back.
+WITH created AS (
+    INSERT INTO perdure.runs (
+        run_id, app, workflow, version, state, input, key, parent_id,
+        ledger_sequence, created_at, updated_at
+    )
+    VALUES (
+        %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
+        %(parent_id)s, 1,
+        coalesce(%(now)s::timestamptz, statement_timestamp()),
+        coalesce(%(now)s::timestamptz, statement_timestamp())
+    )
+    ON CONFLICT DO NOTHING
+    RETURNING *
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation)
+    SELECT run_id, 1, 'initialized', created_at, 0 FROM created
+)
+SELECT * FROM created;
+
+-- name: create_children
+-- One statement for the whole fan-out; children whose key exists are left as stored.
+WITH created AS (
+    INSERT INTO perdure.runs (
+        run_id, app, workflow, version, state, input, key, parent_id,
+        ledger_sequence, created_at, updated_at
+    )
+    SELECT c.run_id, c.app, c.workflow, c.version, 'queued', c.input, c.key, %(parent_id)s,
+           1,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM unnest(
+        %(run_ids)s::text[], %(apps)s::text[], %(workflows)s::text[],
+        %(versions)s::text[], %(inputs)s::text[], %(keys)s::text[]
+    ) AS c(run_id, app, workflow, version, input, key)
+    ON CONFLICT DO NOTHING
+    RETURNING run_id, app, created_at
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation)
+    SELECT run_id, 1, 'initialized', created_at, 0 FROM created
+)
+SELECT DISTINCT app FROM created;
+
+-- name: runs_by_key
+SELECT r.*
+FROM unnest(%(apps)s::text[], %(keys)s::text[]) WITH ORDINALITY AS k(app, key, ord)
+JOIN perdure.runs AS r ON r.app = k.app AND r.key = k.key
+ORDER BY k.ord;
+
+-- name: run_by_id
+SELECT * FROM perdure.runs WHERE run_id = %(run_id)s;
+
+-- name: lock_run
+SELECT * FROM perdure.runs WHERE run_id = %(run_id)s FOR NO KEY UPDATE;
+
+-- name: lock_runs
+-- Always in one order, so two lockers of overlapping sets queue instead of deadlocking.
+SELECT * FROM perdure.runs
+WHERE run_id = ANY(%(run_ids)s::text[])
+ORDER BY run_id
+FOR NO KEY UPDATE;
+
+-- name: list_runs
+SELECT * FROM perdure.runs
+WHERE app = %(app)s
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: child_counts
+-- Answered from runs_parent (parent_id, state).
+SELECT state, count(*) AS n FROM perdure.runs WHERE parent_id = %(run_id)s GROUP BY state;
+
+-- name: run_tree
+-- The run and every descendant. UNION (not UNION ALL) ends the walk even if
+-- corrupt parent links formed a cycle.
+WITH RECURSIVE tree(run_id) AS (
+    SELECT %(run_id)s::text
+    UNION
+    SELECT r.run_id FROM perdure.runs AS r JOIN tree AS t ON r.parent_id = t.run_id
+)
+SELECT run_id FROM tree;
+
+-- name: journal
+SELECT * FROM perdure.journal WHERE run_id = %(run_id)s ORDER BY position;
+
+-- name: journals
+SELECT * FROM perdure.journal WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY run_id, position;
+
+-- name: journal_entry_lock
+SELECT * FROM perdure.journal
+WHERE run_id = %(run_id)s AND position = %(position)s
+FOR UPDATE;
+
+-- name: history
+SELECT * FROM perdure.ledger WHERE run_id = %(run_id)s ORDER BY sequence;
+
+-- name: outcomes
+SELECT * FROM perdure.outcomes WHERE run_id = %(run_id)s ORDER BY at, name;
+
+-- name: outcomes_of_runs
+SELECT * FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY run_id, at, name;
+
+-- name: claim
+-- One ordered, SKIP LOCKED index range per way a run becomes claimable, each
+-- cut at the limit, so workers step over each other's candidates and a large
+-- backlog costs no sort. Rows locked here but not picked stay untouched.
+WITH wanted AS (
+    SELECT * FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS w(workflow, version)
+), fresh AS (
+    SELECT run_id, state, created_at AS due_at, created_at FROM perdure.runs
+    WHERE app = %(app)s AND state = 'queued' AND ready_at IS NULL
+      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND NOT run_id = ANY(%(exclude)s::text[])
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), backed_off AS (
+    SELECT run_id, state, ready_at AS due_at, created_at FROM perdure.runs
+    WHERE app = %(app)s AND state = 'queued'
+      AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND NOT run_id = ANY(%(exclude)s::text[])
+    ORDER BY ready_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), due AS (
+    SELECT run_id, state, ready_at AS due_at, created_at FROM perdure.runs
+    WHERE app = %(app)s AND state = 'waiting'
+      AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND NOT run_id = ANY(%(exclude)s::text[])
+    ORDER BY ready_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), lapsed AS (
+    SELECT run_id, state, lease_expires_at AS due_at, created_at FROM perdure.runs
+    WHERE app = %(app)s AND state = 'running'
+      AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND NOT run_id = ANY(%(exclude)s::text[])
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), picked AS (
+    SELECT * FROM (
+        SELECT * FROM fresh
+        UNION ALL SELECT * FROM backed_off
+        UNION ALL SELECT * FROM due
+        UNION ALL SELECT * FROM lapsed
+    ) AS candidate
+    ORDER BY due_at, created_at, run_id
+    LIMIT %(limit)s
+), claimed AS (
+    -- SET expressions read the old row: a lapsed lease counts as a failure.
+    UPDATE perdure.runs AS r SET
+        generation = r.generation + 1,
+        failures = r.failures + CASE WHEN p.state = 'running' THEN 1 ELSE 0 END,
+        state = 'running',
+        worker = %(worker)s,
+        lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+            + make_interval(secs => %(lease_ttl)s::float8),
+        ready_at = NULL,
+        ledger_sequence = r.ledger_sequence + 1,
+        updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM picked AS p
+    WHERE r.run_id = p.run_id
+    RETURNING r.*, p.state AS prior_state
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker)
+    SELECT run_id, ledger_sequence,
+           CASE WHEN prior_state = 'running' THEN 'recovered' ELSE 'claimed' END,
+           updated_at, generation, worker
+    FROM claimed
+), trimmed AS (
+    DELETE FROM perdure.ledger AS l USING claimed AS c
+    WHERE l.run_id = c.run_id AND l.sequence <= c.ledger_sequence - %(ledger_limit)s
+)
+SELECT * FROM claimed ORDER BY updated_at, run_id;
+
+-- name: fence_state
+SELECT generation, state, cancel_requested FROM perdure.runs WHERE run_id = %(run_id)s;
+
+-- name: renew
+UPDATE perdure.runs SET
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+        + make_interval(secs => %(lease_ttl)s::float8)
+WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
+  AND (NOT cancel_requested OR %(canceling)s)
+RETURNING lease_expires_at;
+
+-- name: fence_touch
+UPDATE perdure.runs SET
+    ledger_sequence = ledger_sequence + %(receipts)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
+  AND (NOT cancel_requested OR %(canceling)s)
+RETURNING app, generation, ledger_sequence;
+
+-- name: fence_step
+-- A recorded step ends a streak of failed attempts.
+UPDATE perdure.runs SET
+    failures = 0,
+    ledger_sequence = ledger_sequence + %(receipts)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
+  AND (NOT cancel_requested OR %(canceling)s)
+RETURNING app, generation, ledger_sequence;
+
+-- name: release
+UPDATE perdure.runs SET
+    state = 'queued',
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = CASE WHEN %(delay)s::float8 > 0
+        THEN coalesce(%(now)s::timestamptz, statement_timestamp())
+            + make_interval(secs => %(delay)s::float8)
+    END,
+    failures = failures + CASE WHEN %(failed)s THEN 1 ELSE 0 END,
+    ledger_sequence = ledger_sequence + %(receipts)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
+  AND (NOT cancel_requested OR %(canceling)s)
+RETURNING app, generation, ledger_sequence;
+
+-- name: park_run
+-- Runs after the fence in the same transaction, which holds the row lock.
+UPDATE perdure.runs SET
+    state = 'waiting',
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = %(ready_at)s::timestamptz,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s
+RETURNING ledger_sequence;
+
+-- name: finish
+UPDATE perdure.runs SET
+    state = %(state)s,
+    result = %(result)s,
+    error = %(error)s,
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + %(receipts)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
+  AND (NOT cancel_requested OR %(canceling)s)
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+
+-- name: journal_put
+-- An existing position is replaced only while it is 'started'; any other is
+-- left alone and missing from RETURNING, and the caller refuses.
+INSERT INTO perdure.journal (
+    run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
+)
+SELECT %(run_id)s, e.position, e.kind, e.name, e.status, e.output, e.error, e.attempt,
+       coalesce(%(now)s::timestamptz, statement_timestamp()),
+       coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM unnest(
+    %(positions)s::integer[], %(kinds)s::text[], %(names)s::text[], %(statuses)s::text[],
+    %(outputs)s::text[], %(errors)s::text[], %(attempts)s::integer[]
+) AS e(position, kind, name, status, output, error, attempt)
+ON CONFLICT (run_id, position) DO UPDATE SET
+    kind = EXCLUDED.kind,
+    name = EXCLUDED.name,
+    status = EXCLUDED.status,
+    output = EXCLUDED.output,
+    error = EXCLUDED.error,
+    attempt = EXCLUDED.attempt,
+    updated_at = EXCLUDED.updated_at
+WHERE perdure.journal.status = 'started'
+RETURNING position;
+
+-- name: ledger_append
+-- Receipts arrive numbered (the runs' ledger_sequence was raised by the same
+-- transaction). Only the newest ledger_limit of each run are kept, counting
+-- the new ones, so a transition with more receipts than the limit stores
+-- only its last ones.
+WITH receipt AS (
+    SELECT * FROM unnest(
+        %(run_ids)s::text[], %(sequences)s::bigint[], %(kinds)s::text[],
+        %(generations)s::bigint[], %(workers)s::text[], %(steps)s::text[],
+        %(digests)s::text[], %(notes)s::text[]
+    ) AS r(run_id, sequence, kind, generation, worker, step, digest, note)
+), newest AS (
+    SELECT run_id, max(sequence) AS last FROM receipt GROUP BY run_id
+), trimmed AS (
+    DELETE FROM perdure.ledger AS l USING newest AS n
+    WHERE l.run_id = n.run_id AND l.sequence <= n.last - %(ledger_limit)s
+)
+INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
+SELECT r.run_id, r.sequence, r.kind, coalesce(%(now)s::timestamptz, statement_timestamp()),
+       r.generation, r.worker, r.step, r.digest, r.note
+FROM receipt AS r JOIN newest AS n ON n.run_id = r.run_id
+WHERE r.sequence > n.last - %(ledger_limit)s;
+
+-- name: waits_register
+-- Replaces the run's registrations. A wait registered again keeps its
+-- created_at, so listings stay in order.
+WITH dropped AS (
+    DELETE FROM perdure.waits
+    WHERE run_id = %(run_id)s AND NOT name = ANY(%(names)s::text[])
+)
+INSERT INTO perdure.waits (run_id, name, app, kind, deadline, after_sequence, created_at)
+SELECT %(run_id)s, w.name, %(app)s, w.kind, w.deadline, w.after_sequence,
+       coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM unnest(
+    %(names)s::text[], %(kinds)s::text[], %(deadlines)s::timestamptz[], %(after)s::bigint[]
+) AS w(name, kind, deadline, after_sequence)
+ON CONFLICT (run_id, name) DO UPDATE SET
+    kind = EXCLUDED.kind,
+    deadline = EXCLUDED.deadline,
+    after_sequence = EXCLUDED.after_sequence;
+
+-- name: park_satisfied
+-- Read after the run's row lock was taken: a delivery committed before it is
+-- seen here, one committed after it finds the run waiting and wakes it.
+SELECT coalesce(%(ready_at)s::timestamptz <= coalesce(%(now)s::timestamptz, statement_timestamp()), false)
+    OR EXISTS (
+        SELECT 1 FROM perdure.waits AS w
+        WHERE w.run_id = %(run_id)s
+          AND CASE WHEN w.kind = 'channel' THEN EXISTS (
+                  SELECT 1 FROM perdure.messages AS m
+                  WHERE m.run_id = w.run_id AND m.channel = w.name
+                    AND m.sequence > w.after_sequence
+              ) ELSE EXISTS (
+                  SELECT 1 FROM perdure.outcomes AS o
+                  WHERE o.run_id = w.run_id AND o.name = w.name
+              ) END
+    ) AS satisfied;
+
+-- name: outcome_put
+-- A signal that arrives after its registered wait's deadline settles the wait
+-- as timed out instead, without the payload.
+INSERT INTO perdure.outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
+SELECT %(run_id)s, %(name)s,
+       CASE WHEN x.expired THEN 'timed_out' ELSE %(outcome)s::text END,
+       CASE WHEN x.expired THEN NULL ELSE %(signal_id)s::text END,
+       CASE WHEN x.expired THEN NULL ELSE %(payload)s::text END,
+       CASE WHEN x.expired THEN NULL ELSE %(payload_digest)s::text END,
+       coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM (
+    SELECT %(outcome)s::text = 'signaled' AND EXISTS (
+        SELECT 1 FROM perdure.waits AS w
+        WHERE w.run_id = %(run_id)s AND w.name = %(name)s
+          AND w.deadline <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    ) AS expired
+) AS x
+ON CONFLICT (run_id, name) DO NOTHING
+RETURNING *;
+
+-- name: outcome_get
+SELECT * FROM perdure.outcomes WHERE run_id = %(run_id)s AND name = %(name)s;
+
+-- name: child_outcomes_put
+-- Only a parent that has not ended can still use its child's outcome; one
+-- that needs attention may be re-queued by resolve, so it keeps them too.
+INSERT INTO perdure.outcomes (run_id, name, outcome, payload, at)
+SELECT c.parent_id, c.name, 'signaled', c.payload,
+       coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM unnest(%(parent_ids)s::text[], %(names)s::text[], %(payloads)s::text[])
+    AS c(parent_id, name, payload)
+JOIN perdure.runs AS p ON p.run_id = c.parent_id
+WHERE p.state IN ('queued', 'running', 'waiting', 'needs_attention')
+ON CONFLICT (run_id, name) DO NOTHING;
+
+-- name: wake_parents
+-- A child's end wakes its parent only when the parent is parked on that very
+-- child, so a fan-out does not wake the parent once per child.
+UPDATE perdure.runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE state = 'waiting'
+  AND run_id IN (
+      SELECT w.run_id
+      FROM unnest(%(parent_ids)s::text[], %(names)s::text[]) AS c(parent_id, name)
+      JOIN perdure.waits AS w ON w.run_id = c.parent_id AND w.name = c.name
+  )
+RETURNING run_id, app, generation, ledger_sequence;
+
+-- name: waits_of_app
+-- Served by waits_app (app, created_at).
+SELECT w.* FROM perdure.waits AS w
+WHERE w.app = %(app)s
+  AND NOT EXISTS (
+      SELECT 1 FROM perdure.outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name
+  )
+ORDER BY w.created_at, w.run_id, w.name;
+
+-- name: waits_of_run
+-- Served by the waits primary key (run_id, name).
+SELECT w.* FROM perdure.waits AS w
+WHERE w.run_id = %(run_id)s AND w.app = %(app)s
+  AND NOT EXISTS (
+      SELECT 1 FROM perdure.outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name
+  )
+ORDER BY w.created_at, w.name;
+
+-- name: wake_runs
+UPDATE perdure.runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = ANY(%(run_ids)s::text[]) AND state = 'waiting'
+RETURNING run_id, app, generation, ledger_sequence;
+
+-- name: message_put
+-- The next sequence comes from the run's counter, read under its row lock.
+INSERT INTO perdure.messages (run_id, channel, key, sequence, payload, at)
+SELECT run_id, %(channel)s, %(key)s, message_sequence + 1, %(payload)s,
+       coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM perdure.runs WHERE run_id = %(run_id)s
+ON CONFLICT (run_id, channel, key) DO NOTHING
+RETURNING sequence;
+
+-- name: message_counted
+UPDATE perdure.runs SET message_sequence = message_sequence + 1 WHERE run_id = %(run_id)s;
+
+-- name: channel_waited
+SELECT EXISTS (
+    SELECT 1 FROM perdure.waits
+    WHERE run_id = %(run_id)s AND kind = 'channel' AND name = %(channel)s
+) AS waited;
+
+-- name: next_message
+SELECT * FROM perdure.messages
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND sequence > %(after_sequence)s
+ORDER BY sequence
+LIMIT 1;
+
+-- name: end_cleanup
+WITH waits_gone AS (
+    DELETE FROM perdure.waits WHERE run_id = ANY(%(run_ids)s::text[])
+), outcomes_gone AS (
+    DELETE FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[])
+)
+DELETE FROM perdure.messages WHERE run_id = ANY(%(run_ids)s::text[]);
+
+-- name: cancel_open_waits
+INSERT INTO perdure.outcomes (run_id, name, outcome, at)
+SELECT w.run_id, w.name, 'canceled', coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM perdure.waits AS w
+WHERE w.run_id = ANY(%(run_ids)s::text[])
+ON CONFLICT (run_id, name) DO NOTHING;
+
+-- name: cancel_now
+UPDATE perdure.runs SET
+    state = 'canceled',
+    cancel_requested = true,
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('queued', 'waiting')
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+
+-- name: cancel_request
+UPDATE perdure.runs SET
+    cancel_requested = true,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = ANY(%(run_ids)s::text[]) AND state = 'running' AND NOT cancel_requested
+RETURNING run_id, generation, ledger_sequence;
+
+-- name: resolve_entry
+UPDATE perdure.journal SET
+    kind = %(kind)s,
+    name = %(name)s,
+    status = %(status)s,
+    output = %(output)s,
+    error = %(error)s,
+    attempt = %(attempt)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND position = %(position)s AND status = 'started';
+
+-- name: resolve_run
+UPDATE perdure.runs SET
+    state = %(state)s,
+    error = %(error)s,
+    failures = 0,
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'needs_attention'
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+
+-- name: sweep_expired_runs
+-- Runs with a signal or child wait past its deadline and no outcome. Locked
+-- like any delivery, skipping runs another transaction holds (next sweep).
+-- Channel waits time out through ready_at alone: an outcome named after a
+-- channel would outlive this wait and hide the next one on that channel.
+SELECT r.run_id FROM perdure.runs AS r
+WHERE r.state IN ('queued', 'running', 'waiting')
+  AND r.run_id IN (
+      SELECT w.run_id FROM perdure.waits AS w
+      WHERE w.deadline <= coalesce(%(now)s::timestamptz, statement_timestamp())
+        AND w.kind <> 'channel'
+        AND NOT EXISTS (
+            SELECT 1 FROM perdure.outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name
+        )
+  )
+ORDER BY r.run_id
+FOR NO KEY UPDATE OF r SKIP LOCKED;
+
+-- name: sweep_expire_waits
+INSERT INTO perdure.outcomes (run_id, name, outcome, at)
+SELECT w.run_id, w.name, 'timed_out', coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM perdure.waits AS w
+WHERE w.run_id = ANY(%(run_ids)s::text[])
+  AND w.deadline <= coalesce(%(now)s::timestamptz, statement_timestamp())
+  AND w.kind <> 'channel'
+ON CONFLICT (run_id, name) DO NOTHING
+RETURNING run_id;
+
+-- name: sweep_due_runs
+-- Served by runs_waiting_due (ready_at) WHERE state = 'waiting'.
+SELECT run_id FROM perdure.runs
+WHERE state = 'waiting' AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+ORDER BY run_id
+FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: sweep_orphans
+-- Records of runs that are gone or ended. A run that needs attention keeps
+-- them: resolve may re-queue it.
+WITH waits_gone AS (
+    DELETE FROM perdure.waits AS x WHERE NOT EXISTS (
+        SELECT 1 FROM perdure.runs AS r
+        WHERE r.run_id = x.run_id
+          AND r.state IN ('queued', 'running', 'waiting', 'needs_attention')
+    )
+    RETURNING 1
+), outcomes_gone AS (
+    DELETE FROM perdure.outcomes AS x WHERE NOT EXISTS (
+        SELECT 1 FROM perdure.runs AS r
+        WHERE r.run_id = x.run_id
+          AND r.state IN ('queued', 'running', 'waiting', 'needs_attention')
+    )
+    RETURNING 1
+), messages_gone AS (
+    DELETE FROM perdure.messages AS x WHERE NOT EXISTS (
+        SELECT 1 FROM perdure.runs AS r
+        WHERE r.run_id = x.run_id
+          AND r.state IN ('queued', 'running', 'waiting', 'needs_attention')
+    )
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM waits_gone)
+     + (SELECT count(*) FROM outcomes_gone)
+     + (SELECT count(*) FROM messages_gone) AS n;

@@ -1,0 +1,121 @@
+-- The shared store's schema: what migrate() builds (the bootstrap in
+-- queries.sql, then migrations/ in order). tests/migration compares the two.
+--
+-- Everything lives in the perdure schema so that it never meets the user's
+-- tables. Instants are timestamptz. Payloads, results, errors and inputs are
+-- JSON text the store never parses.
+
+CREATE SCHEMA perdure;
+
+CREATE TABLE perdure.schema_version (
+    version integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE TABLE perdure.runs (
+    run_id text PRIMARY KEY,
+    app text NOT NULL,
+    workflow text NOT NULL,
+    version text NOT NULL,
+    state text NOT NULL,
+    input text NOT NULL,
+    result text,
+    error text,
+    key text,
+    parent_id text,
+    generation bigint NOT NULL DEFAULT 0,
+    failures integer NOT NULL DEFAULT 0,
+    worker text,
+    lease_expires_at timestamptz,
+    ready_at timestamptz,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    ledger_sequence bigint NOT NULL DEFAULT 0,
+    message_sequence bigint NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    -- Idempotent creation: one run per (app, key); runs without a key never collide.
+    CONSTRAINT runs_app_key UNIQUE (app, key)
+);
+
+-- Claims of queued and waiting runs: one ordered range per (state, ready_at) case.
+CREATE INDEX runs_claim ON perdure.runs (app, state, ready_at, created_at);
+
+-- Claims that recover a run whose worker is gone.
+CREATE INDEX runs_lease ON perdure.runs (app, lease_expires_at) WHERE state = 'running';
+
+-- Sweeps: waiting runs whose ready_at passed, across apps.
+CREATE INDEX runs_waiting_due ON perdure.runs (ready_at) WHERE state = 'waiting';
+
+-- Child counts and the recursive cancel walk.
+CREATE INDEX runs_parent ON perdure.runs (parent_id, state) WHERE parent_id IS NOT NULL;
+
+-- Listing, newest first.
+CREATE INDEX runs_listing ON perdure.runs (app, created_at);
+
+CREATE TABLE perdure.journal (
+    run_id text NOT NULL,
+    position integer NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    status text NOT NULL,
+    output text,
+    error text,
+    attempt integer NOT NULL DEFAULT 1,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (run_id, position)
+);
+
+CREATE TABLE perdure.ledger (
+    run_id text NOT NULL,
+    sequence bigint NOT NULL,
+    kind text NOT NULL,
+    at timestamptz NOT NULL,
+    generation bigint NOT NULL,
+    worker text,
+    step text,
+    digest text,
+    note text,
+    PRIMARY KEY (run_id, sequence)
+);
+
+CREATE TABLE perdure.waits (
+    run_id text NOT NULL,
+    name text NOT NULL,
+    app text NOT NULL,
+    kind text NOT NULL,
+    deadline timestamptz,
+    after_sequence bigint NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+
+-- Open waits of an app, oldest first.
+CREATE INDEX waits_app ON perdure.waits (app, created_at);
+
+-- Deadline sweeps.
+CREATE INDEX waits_deadline ON perdure.waits (deadline) WHERE deadline IS NOT NULL;
+
+CREATE TABLE perdure.outcomes (
+    run_id text NOT NULL,
+    name text NOT NULL,
+    outcome text NOT NULL,
+    signal_id text,
+    payload text,
+    payload_digest text,
+    at timestamptz NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+
+CREATE TABLE perdure.messages (
+    run_id text NOT NULL,
+    channel text NOT NULL,
+    key text NOT NULL,
+    sequence bigint NOT NULL,
+    payload text NOT NULL,
+    at timestamptz NOT NULL,
+    PRIMARY KEY (run_id, channel, key)
+);
+
+-- Delivery order within a channel.
+CREATE UNIQUE INDEX messages_order ON perdure.messages (run_id, channel, sequence);
