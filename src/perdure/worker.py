@@ -175,6 +175,9 @@ class Worker:
         if self._started:
             return self
         self._started = True
+        # Start listening for ready runs now, so no notification sent before the
+        # first idle wait is missed.
+        self.store.wait_ready(0)
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="perdure-run")
         self._loop = asyncio.new_event_loop()
         for target, name in (
