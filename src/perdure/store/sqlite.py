@@ -134,6 +134,19 @@ def _execute(
         raise errors.StoreUnavailable(f"the SQLite query {query} failed: {exc}") from exc
 
 
+# A group commits once it holds this many writes, however many are queued.
+_GROUP_LIMIT = 64
+
+
+class _Group:
+    """Writes that share one commit."""
+
+    def __init__(self) -> None:
+        self.members = 0
+        self.committed = threading.Event()
+        self.error: errors.StoreUnavailable | None = None
+
+
 class _Tx:
     """One connection inside one transaction, with the instant it runs at."""
 
@@ -204,6 +217,11 @@ class SqliteStore:
         self._clock: port.Clock = clock or port.SystemClock()
         self._limit = ledger_limit
         self._lock = threading.Lock()
+        self._mutex = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queued = 0
+        self._group: _Group | None = None
+        self._conn_for_writes: sqlite3.Connection | None = None
         self._closed = False
         self._signal = _signal_for(self.path)
         # Connect now so that a bad location fails here, and the file exists.
@@ -258,6 +276,54 @@ class SqliteStore:
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:
+        """Run the body as part of a durable write; return once it is committed.
+
+        Writers of this store object take turns on one open ``BEGIN
+        IMMEDIATE`` transaction, each body in its own savepoint. The writer
+        that finds no one queued behind it commits the whole group, so
+        concurrent steps share one fsync (group commit), and no caller returns
+        before the commit that holds its writes.
+        """
+        with self._queue_lock:
+            self._queued += 1
+        self._mutex.acquire()
+        with self._queue_lock:
+            self._queued -= 1
+        group: _Group | None = None
+        try:
+            group = self._join_group()
+            conn = self._conn_for_writes
+            assert conn is not None
+            self._statement(conn, "SAVEPOINT body")
+            try:
+                # The clock is read under the lock, so instants follow commit order.
+                yield _Tx(conn, rows.to_us(self._clock.now()), self._limit)
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK TO body")
+                    conn.execute("RELEASE body")
+                raise
+            self._statement(conn, "RELEASE body")
+            group.members += 1
+        finally:
+            if group is not None and (self._queued == 0 or group.members >= _GROUP_LIMIT):
+                self._commit(group)
+            self._mutex.release()
+        group.committed.wait()
+        if group.error is not None:
+            raise group.error
+
+    def _statement(self, conn: sqlite3.Connection, sql: str) -> None:
+        try:
+            conn.execute(sql)
+        except sqlite3.OperationalError as exc:
+            raise errors.StoreUnavailable(
+                f"the SQLite store {self.path} could not write: {exc}."
+            ) from exc
+
+    def _join_group(self) -> _Group:
+        if self._group is not None:
+            return self._group
         conn = self._acquire()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -266,23 +332,27 @@ class SqliteStore:
             raise errors.StoreUnavailable(
                 f"the SQLite store {self.path} could not be locked for writing: {exc}."
             ) from exc
+        self._conn_for_writes = conn
+        self._group = _Group()
+        return self._group
+
+    def _commit(self, group: _Group) -> None:
+        conn = self._conn_for_writes
+        self._group, self._conn_for_writes = None, None
+        assert conn is not None
         try:
-            # The clock is read under the lock, so instants follow commit order.
-            yield _Tx(conn, rows.to_us(self._clock.now()), self._limit)
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                raise errors.StoreUnavailable(
-                    f"the SQLite store {self.path} could not commit: {exc}."
-                ) from exc
-        except BaseException:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            group.error = errors.StoreUnavailable(
+                f"the SQLite store {self.path} could not commit: {exc}."
+            )
             # If even ROLLBACK fails, _release discards the connection.
             with suppress(sqlite3.Error):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-            raise
         finally:
             self._release(conn)
+            group.committed.set()
 
     # -- store ------------------------------------------------------------
 
