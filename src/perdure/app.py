@@ -8,7 +8,7 @@ import re
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
 from perdure import client as client_api
 from perdure import codec, context, effects, errors, records
@@ -16,6 +16,8 @@ from perdure import worker as worker_api
 from perdure.store import DEFAULT_LEDGER_LIMIT, default_url, open_store, port
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
@@ -151,18 +153,21 @@ class App:
 
         return declare(fn) if fn is not None else declare
 
-    def transaction(self, name: str | None = None) -> Callable[[F], F]:
+    def transaction(
+        self, name: str | None = None
+    ) -> Callable[[Callable[Concatenate[Any, P], R]], Callable[P, R]]:
         """Declare a transactional step: ``fn(connection, ...)`` runs in the step's own commit.
 
         The connection is the store's (``sqlite3.Connection`` or psycopg's);
         its writes and the journal entry commit together or not at all.
         """
 
-        def declare(target: F) -> F:
+        def declare(target: Callable[Concatenate[Any, P], R]) -> Callable[P, R]:
             opts = effects.StepOptions(
                 name or target.__name__, "pure", effects.NO_RETRY, transactional=True
             )
-            return _wrap(target, opts, transactional=True)
+            # Callers leave out the connection; the engine passes it in.
+            return cast(Callable[P, R], _wrap(target, opts, transactional=True))
 
         return declare
 
@@ -193,9 +198,33 @@ class App:
     def start(
         self, workflow: Any, /, *args: Any, key: str | None = None, **kwargs: Any
     ) -> client_api.RunHandle:
-        """Start a run of ``workflow`` (a registered function or its name)."""
+        """Start a run of ``workflow`` (a registered function or its name).
+
+        The arguments are checked against the workflow's signature and type
+        hints here, so a bad call is refused before anything is stored.
+
+        Raises:
+            errors.WorkflowNotFound: no such workflow is registered.
+            errors.InvalidInput: the arguments do not fit the workflow.
+        """
         name, version, hint = self.workflow_ref(workflow)
+        self._check_arguments(self._workflows[name], args, kwargs)
         return self.client.start(name, version, args, kwargs, key=key, hint=hint)
+
+    @staticmethod
+    def _check_arguments(wf: worker_api.WorkflowDef, args: Any, kwargs: dict[str, Any]) -> None:
+        try:
+            bound = inspect.signature(wf.fn).bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise errors.InvalidInput(f"bad arguments for workflow {wf.name}: {exc}") from None
+        for param, value in list(bound.arguments.items())[1:]:
+            if param in wf.params:
+                try:
+                    codec.convert(codec.decode(codec.encode(value)), wf.params[param])
+                except errors.InvalidPayload as exc:
+                    raise errors.InvalidPayload(
+                        f"argument {param!r} of workflow {wf.name}: {exc}"
+                    ) from None
 
     def handle(self, run_id: str) -> client_api.RunHandle:
         """Return a handle on an existing run."""

@@ -84,10 +84,14 @@ def receipt(outcome: port.Outcome) -> records.Receipt:
 class RunHandle:
     """A started run."""
 
-    def __init__(self, client: Client, run_id: str, hint: Any = None) -> None:
+    def __init__(
+        self, client: Client, run_id: str, hint: Any = None, *, created: bool = True
+    ) -> None:
         self._client = client
         self.run_id = run_id
         self._hint = hint
+        self.created = created
+        """False when ``start`` found the run already created under its key."""
 
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r})"
@@ -137,7 +141,7 @@ class Client:
         if key is not None and (not key or len(key) > 512):
             raise errors.InvalidInput("a run key must be 1 to 512 characters")
         text = codec.encode({"args": list(args), "kwargs": kwargs or {}})
-        run, _ = self.store.create_run(
+        run, created = self.store.create_run(
             port.NewRun(
                 run_id=uuid.uuid4().hex,
                 app=self.app,
@@ -147,7 +151,7 @@ class Client:
                 key=key,
             )
         )
-        return RunHandle(self, run.run_id, hint)
+        return RunHandle(self, run.run_id, hint, created=created)
 
     def handle(self, run_id: str, hint: Any = None) -> RunHandle:
         return RunHandle(self, run_id, hint)

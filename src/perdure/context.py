@@ -251,6 +251,29 @@ class Context:
         except errors.NonDeterminism as exc:
             raise Halt("needs_attention", _error_dict(exc.code, str(exc))) from exc
 
+    def _read(self, entry: port.JournalEntry, reader: Callable[[Any], Any]) -> Any:
+        """Read a recorded entry's output; a shape this code never writes is corruption."""
+        try:
+            return reader(codec.decode(entry.output or "null"))
+        except (errors.InvalidPayload, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise Halt(
+                "needs_attention",
+                _error_dict(
+                    "corrupt_state",
+                    f"run {self.run_id} position {entry.position}: unreadable {entry.kind} "
+                    f"entry ({exc})",
+                    invariant="journal_output_shape",
+                ),
+            ) from exc
+
+    def _pause(self, seconds: float) -> None:
+        try:
+            self._runtime.pause(seconds)
+        except errors.Canceled:
+            if not self._runtime.claim.canceling:
+                self._runtime.acknowledge_cancel()
+            raise
+
     def _store_now(self) -> datetime:
         now: datetime = self._guarded(self._store.now)
         return now
@@ -259,8 +282,8 @@ class Context:
 
     def _recorded_value(self, kind: str, make: Callable[[], Any]) -> Any:
         entry = self._next(replay.Call(kind, kind))
-        if entry is not None and entry.output is not None:
-            return codec.decode(entry.output)
+        if entry is not None:
+            return self._read(entry, lambda value: value)
         value = make()
         self._buffer(
             port.JournalEntry(self._cursor.position, kind, kind, "ok", codec.encode(value))
@@ -270,7 +293,7 @@ class Context:
     def now(self) -> datetime:
         """Return the current time as first seen by this run at this point (aware UTC)."""
         text = self._recorded_value("now", lambda: self._store_now().isoformat())
-        return datetime.fromisoformat(text)
+        return _instant(text)
 
     def random(self) -> float:
         """Return a random float in [0, 1), the same on every replay."""
@@ -293,9 +316,9 @@ class Context:
                 self._cursor.position, "sleep", key, "ok", codec.encode(until.isoformat())
             )
             self._buffer(entry)
-        until = datetime.fromisoformat(codec.decode(entry.output or "null"))
-        if self._store_now() < until:
-            raise Parked([], until)
+        due: datetime = self._read(entry, _instant)
+        if self._store_now() < due:
+            raise Parked([], due)
 
     def _open_entry(
         self,
@@ -315,8 +338,10 @@ class Context:
                 self._cursor.position, kind, name, "started", codec.encode(body)
             )
             self._buffer(entry)
-        stored = codec.decode(entry.output or "{}").get("deadline")
-        return None, datetime.fromisoformat(stored) if stored else None
+        due: datetime | None = self._read(
+            entry, lambda body: None if body["deadline"] is None else _instant(body["deadline"])
+        )
+        return None, due
 
     def _outcome(self, name: str) -> port.Outcome | None:
         found = self._outcomes.get(name)
@@ -352,7 +377,7 @@ class Context:
                 raise Parked([port.WaitSpec(name, "signal", deadline)], None)
             done = self._apply_outcome(outcome)
         if done.status == "ok":
-            return codec.convert(codec.decode(done.output or "{}").get("payload"), type)
+            return codec.convert(self._read(done, lambda body: body["payload"]), type)
         err = codec.decode(done.error or "{}")
         if err.get("code") == "canceled":
             self._runtime.acknowledge_cancel()
@@ -414,9 +439,11 @@ class Context:
                 raise Parked([port.WaitSpec(channel, "channel", deadline, after)], None)
         if done.status != "ok":
             raise errors.WaitTimedOut(f"receive on {channel!r} timed out")
-        body = codec.decode(done.output or "{}")
-        self._consumed[channel] = int(body["sequence"])
-        return records.Message(body["key"], codec.convert(body["payload"], type))
+        key, payload, sequence = self._read(
+            done, lambda b: (str(b["key"]), b["payload"], int(b["sequence"]))
+        )
+        self._consumed[channel] = sequence
+        return records.Message(key, codec.convert(payload, type))
 
     # -- child runs -----------------------------------------------------------
 
@@ -427,7 +454,9 @@ class Context:
         name, version, hint = self._runtime.workflow_ref(workflow)
         entry = self._next(replay.Call("child", name))
         if entry is None:
-            child_key = key or f"{self.run_id}/{self._cursor.position}"
+            # A caller's key is scoped to this parent, so two parents never
+            # share a child.
+            child_key = f"{self.run_id}/{key or self._cursor.position}"
             new = port.NewRun(
                 run_id=_uuid.uuid4().hex,
                 app=self._run.app,
@@ -444,7 +473,7 @@ class Context:
                 self._cursor.position, "child", name, "ok", codec.encode({"run_id": child.run_id})
             )
             self._buffer(entry)
-        return ChildHandle(codec.decode(entry.output or "{}")["run_id"], self, hint)
+        return ChildHandle(self._read(entry, lambda b: str(b["run_id"])), self, hint)
 
     def map(self, workflow: Any, items: Any) -> list[ChildHandle]:
         """Start one child run per item (``workflow(item)``) in a single store call.
@@ -461,7 +490,7 @@ class Context:
             entry = self._next(replay.Call("child", name))
             if entry is not None:
                 handles.append(
-                    ChildHandle(codec.decode(entry.output or "{}")["run_id"], self, hint)
+                    ChildHandle(self._read(entry, lambda b: str(b["run_id"])), self, hint)
                 )
                 continue
             position = self._cursor.position
@@ -529,15 +558,16 @@ class Context:
         call = _StepCall(self, fn)
         if call.replayed:
             return call.value
-        while True:
-            call.before()
-            try:
-                with call.scope():
-                    value = fn(*args, **kwargs)
-            except Exception as exc:
-                self._runtime.pause(call.failed(exc))
-                continue
-            return call.succeeded(value)
+        with call.abandoned_on_cancel():
+            while True:
+                call.before()
+                try:
+                    with call.scope():
+                        value = fn(*args, **kwargs)
+                except Exception as exc:
+                    self._pause(call.failed(exc))
+                    continue
+                return call.succeeded(value)
 
     async def astep(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run the ``async`` function ``fn`` as a journaled step."""
@@ -545,17 +575,18 @@ class Context:
         call = _StepCall(self, fn)
         if call.replayed:
             return call.value
-        while True:
-            call.before()
-            try:
-                with call.scope():
-                    value = await fn(*args, **kwargs)
-            except Exception as exc:
-                delay = call.failed(exc)
-                await asyncio.sleep(delay)
-                self._check()
-                continue
-            return call.succeeded(value)
+        with call.abandoned_on_cancel():
+            while True:
+                call.before()
+                try:
+                    with call.scope():
+                        value = await fn(*args, **kwargs)
+                except Exception as exc:
+                    delay = call.failed(exc)
+                    await asyncio.sleep(delay)
+                    self._check()
+                    continue
+                return call.succeeded(value)
 
     def transaction(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(connection, ...)`` inside the transaction that records its outcome."""
@@ -563,7 +594,8 @@ class Context:
         call = _StepCall(self, fn)
         if call.replayed:
             return call.value
-        return call.transact(lambda conn: fn(conn, *args, **kwargs))
+        with call.abandoned_on_cancel():
+            return call.transact(lambda conn: fn(conn, *args, **kwargs))
 
 
 class _StepCall:
@@ -616,6 +648,38 @@ class _StepCall:
             self.ctx.unsettled_effect = self.key
         else:
             self.ctx._check()
+
+    @contextlib.contextmanager
+    def abandoned_on_cancel(self) -> Iterator[None]:
+        """Record the step as canceled if a cancel stops it before it has an outcome.
+
+        Its position is taken; leaving it empty would make the next durable
+        call (a clean-up step in a ``finally``) leave a gap in the journal.
+        """
+        try:
+            yield
+        except errors.Canceled:
+            recorded = self.ctx._cursor.entries()
+            # Never over an unsettled effect: only an empty position, or one
+            # whose last attempt certainly did not happen.
+            if len(recorded) < self.position or _retry_due(recorded[self.position - 1]):
+                error = {
+                    "code": "canceled",
+                    "type": "Canceled",
+                    "message": "the run was canceled before this step finished",
+                }
+                entry = port.JournalEntry(
+                    self.position,
+                    "step",
+                    self.key,
+                    "error",
+                    error=codec.encode(error),
+                    attempt=max(1, self.attempt),
+                )
+                self.ctx._write(
+                    self.ctx._store.finish_step, entry, [port.Mark("step_failed", self.key)]
+                )
+            raise
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
@@ -688,10 +752,14 @@ class _StepCall:
     def transact(self, body: Callable[[Any], Any]) -> Any:
         self.attempt = 1
         self.ctx._check()
-        holder: dict[str, str] = {}
+        holder: dict[str, Any] = {}
 
         def run(conn: Any) -> port.JournalEntry:
-            text = codec.encode(body(conn))
+            try:
+                text = codec.encode(body(conn))
+            except Exception as exc:
+                holder["raised"] = exc  # the step's own failure, not the store's
+                raise
             holder["text"] = text
             return port.JournalEntry(self.position, "step", self.key, "ok", text)
 
@@ -703,8 +771,12 @@ class _StepCall:
                     self.ctx._runtime.claim, entries, run, [*buffered, *marks]
                 )
             )
-        except Exception as exc:
+        except BaseException:
             self.ctx.restore(entries, buffered)
+            exc = holder.get("raised")
+            if exc is None:
+                raise
+            # The body's writes were rolled back with the transaction.
             error = {"type": type(exc).__name__, "message": str(exc), "code": "step_failed"}
             failed = port.JournalEntry(
                 self.position, "step", self.key, "error", error=codec.encode(error)
@@ -730,3 +802,11 @@ def _retry_due(entry: port.JournalEntry) -> bool:
 def unsettled(entry: port.JournalEntry) -> bool:
     """Whether the entry is a ``once`` effect that may have escaped without a record."""
     return entry.kind == "step" and entry.status == "started" and not _retry_due(entry)
+
+
+def _instant(value: Any) -> datetime:
+    """Read a journaled instant: ISO 8601 text with a time zone."""
+    when = datetime.fromisoformat(value)
+    if when.tzinfo is None:
+        raise ValueError(f"{value!r} has no time zone")
+    return when

@@ -190,9 +190,10 @@ class RunFailed(PerdureError):
         self.run_id = run_id
         self.state = state
         self.error = error or {}
-        self.code = str(self.error.get("code", state))  # type: ignore[misc]
+        # The class code stays stable; the run's own error code is kept apart.
+        self.error_code = str(self.error.get("code", state))
         msg = self.error.get("message", "")
-        super().__init__(f"run {run_id} ended {state} ({self.code}): {msg}")
+        super().__init__(f"run {run_id} ended {state} ({self.error_code}): {msg}")
 
 
 class ResultTimeout(PerdureError, TimeoutError):

@@ -8,13 +8,11 @@ invariant; nothing is repaired by guessing. The invariants are listed in
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 
 from perdure import errors
 from perdure.store import port
 
-WORKER_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 JOURNAL_KINDS = frozenset(
     {"step", "sleep", "now", "random", "uuid", "wait", "receive", "child", "child_result"}
 )
@@ -39,7 +37,7 @@ def _json(run_id: str, invariant: str, text: str | None) -> None:
 
 def worker_id(run_id: str, value: str | None, *, where: str) -> None:
     """Refuse a worker id that is not 1 to 128 printable non-space ASCII characters."""
-    if value is not None and not WORKER_ID.match(value):
+    if value is not None and not port.WORKER_ID.match(value):
         raise _fail(run_id, f"{where}_worker_id", f"worker id {value[:40]!r} is malformed")
 
 
@@ -78,7 +76,7 @@ def journal(run_id: str, entries: Sequence[port.JournalEntry]) -> None:
         if entry.status == "started":
             if entry.kind not in STARTED_KINDS:
                 raise _fail(run_id, "journal_status", f"a {entry.kind} entry cannot be started")
-            started_at = expected
+            started_at = expected if started_at is None else started_at
         if not entry.name:
             raise _fail(run_id, "journal_name", f"position {expected} has no name")
         if entry.attempt < 1:

@@ -31,8 +31,6 @@ from perdure.store import port
 
 log = logging.getLogger("perdure.worker")
 
-_WORKER_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
-
 
 @dataclass(frozen=True)
 class WorkflowDef:
@@ -143,7 +141,7 @@ class Worker:
         if poll_interval <= 0:
             raise errors.InvalidInput(f"poll_interval must be positive, got {poll_interval}")
         self.worker_id = worker_id or default_worker_id()
-        if not _WORKER_ID.match(self.worker_id):
+        if not port.WORKER_ID.match(self.worker_id):
             raise errors.InvalidInput(
                 "a worker id is 1 to 128 printable ASCII characters without spaces"
             )
@@ -158,6 +156,7 @@ class Worker:
         self._active_lock = threading.Lock()
         self._slot_freed = threading.Event()
         self._stop_event = threading.Event()
+        self._halt = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -198,15 +197,28 @@ class Worker:
         with contextlib.suppress(Exception):
             self.store.notify_ready()
         deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in self._threads[1:]:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        if len(self._threads) > 1:
+            self._threads[1].join(left())  # the claim loop
         if self._pool is not None:
             self._pool.shutdown(wait=deadline is None, cancel_futures=True)
             while deadline is not None and self._active and time.monotonic() < deadline:
                 self._slot_freed.wait(0.05)
                 self._slot_freed.clear()
+        # Runs still in flight past the deadline stop being renewed: their
+        # leases lapse and another worker takes them over.
+        self._halt.set()
+        if len(self._threads) > 2:
+            self._threads[2].join(self.heartbeat + 1)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._active:
+            log.warning(
+                "worker %s stopped with %d runs in flight", self.worker_id, len(self._active)
+            )
         log.info("worker %s stopped", self.worker_id)
 
     def run(self) -> None:
@@ -295,7 +307,7 @@ class Worker:
         self._slot_freed.set()
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop_event.wait(self.heartbeat) or self._active:
+        while not self._halt.wait(self.heartbeat):
             for execution in list(self._active.values()):
                 if execution.lost is not None:
                     continue
@@ -308,8 +320,8 @@ class Worker:
                     execution.lost = lost
                 except Exception as exc:
                     log.warning("run %s: lease renewal failed: %s", execution.claim.run_id, exc)
-            if self._stop_event.is_set() and self._active:
-                time.sleep(min(self.heartbeat, 0.05))
+            if self._stop_event.is_set() and not self._active:
+                return
 
     # -- executing ------------------------------------------------------------
 
@@ -408,13 +420,22 @@ class _Drive:
                 outcomes=self.ex.claimed.outcomes,
             )
             args, kwargs = self._inputs(wf)
-        except (errors.CorruptState, errors.InvalidPayload) as exc:
-            self._finish("needs_attention", error=_error("corrupt_state", str(exc)))
+        except errors.CorruptState as exc:
+            self._finish(
+                "needs_attention", error=_error(exc.code, str(exc), invariant=exc.invariant)
+            )
+            return
+        except errors.InvalidPayload as exc:
+            # Well-formed input that this version's type hints do not accept.
+            self._finish("failed", error=_error(exc.code, f"the run's input: {exc}"))
             return
         self._loop(wf, self.ctx, args, kwargs)
 
     def _inputs(self, wf: WorkflowDef) -> tuple[list[Any], dict[str, Any]]:
-        data = codec.decode(self.run_.input)
+        try:
+            data = codec.decode(self.run_.input)
+        except errors.InvalidPayload as exc:
+            raise errors.CorruptState(self.run_.run_id, "run_input_json", str(exc)) from exc
         if not isinstance(data, dict) or not isinstance(data.get("args"), list):
             raise errors.CorruptState(
                 self.run_.run_id, "run_input_shape", "expected {args, kwargs}"
@@ -515,7 +536,8 @@ class _Drive:
                 ),
             )
         else:
-            self._finish("canceled", error=_error("canceled", "the run was canceled"))
+            # As when the store cancels a queued or waiting run: no error.
+            self._finish("canceled")
 
     def _pending(self) -> tuple[list[port.JournalEntry], list[port.Mark]]:
         return self.ctx.take_pending() if self.ctx is not None else ([], [])

@@ -44,6 +44,7 @@ Rules every adapter keeps:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -62,6 +63,9 @@ RUN_STATES: tuple[RunState, ...] = (
     "needs_attention",
 )
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled", "needs_attention"})
+
+WORKER_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+"""A worker id: 1 to 128 printable ASCII characters, no spaces."""
 
 EntryStatus = Literal["started", "ok", "error"]
 """``started``: a ``once`` effect began and has no recorded outcome yet."""

@@ -21,6 +21,7 @@ records in :mod:`perdure.store.postgres_rows`.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
@@ -500,14 +501,12 @@ class PostgresStore:
         return [rows.entry(r) for r in found]
 
     def history(self, run_id: str) -> list[port.LedgerEntry]:
-        """Return the run's retained ledger, oldest first, checked for gaps."""
+        """Return the run's retained ledger, oldest first.
 
-        def work(cur: Cursor) -> tuple[Row | None, list[Row]]:
-            run = self._exec(cur, "run_by_id", run_id=run_id).fetchone()
-            return run, self._exec(cur, "history", run_id=run_id).fetchall()
-
-        run, found = self._transact(work)
-        return rows.ledger(run_id, found, None if run is None else rows.run(run).ledger_sequence)
+        Gaps and counts are judged by the engine's validation, which names them.
+        """
+        found = self._transact(lambda cur: self._exec(cur, "history", run_id=run_id).fetchall())
+        return [rows.receipt(row) for row in found]
 
     # -- claims ---------------------------------------------------------------
 
@@ -545,15 +544,40 @@ class PostgresStore:
                     # Claiming that run again would fail again and starve the others.
                     if exc.run_id is None or exc.run_id in exclude:
                         raise
-                    log.error("claim leaves run %s alone: %s", exc.run_id, exc)
+                    log.error("claim sets run %s aside: %s", exc.run_id, exc)
                     exclude.append(exc.run_id)
+                    self._quarantine(cur, exc)
 
         return self._transact(work)
+
+    def _quarantine(self, cur: Cursor, exc: errors.CorruptState) -> None:
+        """Make an unreadable run needs_attention (and say so in its ledger)."""
+        assert exc.run_id is not None
+        error = {"code": exc.code, "message": str(exc), "invariant": exc.invariant}
+        row = self._exec(cur, "quarantine", run_id=exc.run_id, error=json.dumps(error)).fetchone()
+        if row is None or not isinstance(row["ledger_sequence"], int):
+            return
+        generation = row["generation"] if isinstance(row["generation"], int) else 0
+        note = f"set aside: {exc.invariant}"
+        receipt = rows.Receipt(
+            exc.run_id, row["ledger_sequence"], "finished", max(0, generation), None, note=note
+        )
+        self._append(cur, [receipt])
 
     def _claim_once(self, cur: Cursor, **params: Any) -> list[port.Claimed]:
         claimed = self._exec(cur, "claim", **params).fetchall()
         if not claimed:
             return []
+        for row in claimed:
+            # The claim overwrote these columns: judge the values it found.
+            prior = row["prior_generation"]
+            if not isinstance(prior, int) or prior < 0:
+                raise errors.CorruptState(row["run_id"], "run_generation", f"generation {prior!r}")
+            worker = row["prior_worker"]
+            if worker is not None and (
+                not isinstance(worker, str) or not port.WORKER_ID.match(worker)
+            ):
+                raise errors.CorruptState(row["run_id"], "run_worker_id", f"worker {worker!r}")
         run_ids = [r["run_id"] for r in claimed]
         journals: dict[str, list[port.JournalEntry]] = {}
         for row in self._exec(cur, "journals", run_ids=run_ids).fetchall():

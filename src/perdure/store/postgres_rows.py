@@ -9,7 +9,6 @@ spread into the parallel arrays the queries ``unnest``.
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,6 +92,8 @@ def run(row: Row) -> port.Run:
     run_id = r.text("run_id")
     state = cast(port.RunState, r.choice("state", port.RUN_STATES))
     worker = r.opt_text("worker")
+    if worker is not None and not port.WORKER_ID.match(worker):
+        raise errors.CorruptState(run_id, "run_worker_id", f"worker id {worker[:40]!r}")
     lease = r.opt_instant("lease_expires_at")
     if state == "running" and (worker is None or lease is None):
         raise errors.CorruptState(run_id, "run_claim", "a running run has no worker or lease")
@@ -147,28 +148,6 @@ def receipt(row: Row) -> port.LedgerEntry:
         digest=r.opt_text("digest"),
         note=r.opt_text("note"),
     )
-
-
-def ledger(run_id: str, found: list[Row], last: int | None) -> list[port.LedgerEntry]:
-    """Return a run's retained receipts, checking they run without gaps up to ``last``.
-
-    ``last`` is the run's ``ledger_sequence``, or None when the run is gone.
-    """
-    entries = [receipt(row) for row in found]
-    for before, after in itertools.pairwise(entries):
-        if after.sequence != before.sequence + 1:
-            raise errors.CorruptState(
-                run_id,
-                "ledger_sequence",
-                f"receipt {before.sequence} is followed by {after.sequence}",
-            )
-    if last is not None:
-        newest = entries[-1].sequence if entries else 0
-        if newest != last:
-            raise errors.CorruptState(
-                run_id, "ledger_sequence", f"the run counts {last} receipts, the newest is {newest}"
-            )
-    return entries
 
 
 def outcome(row: Row) -> port.Outcome:

@@ -1,14 +1,16 @@
 """The embedded store: one SQLite file shared by the threads and processes of a host.
 
-Every write is one ``BEGIN IMMEDIATE`` transaction, so writers queue on the
-database lock (up to the busy timeout) instead of failing on a lock upgrade,
-and each transaction sees a state no one else changes before it commits.
-Reads run outside transactions: in WAL mode they never block writers.
+Every write runs in a ``BEGIN IMMEDIATE`` transaction, so writers of
+different processes queue on the database lock (up to the busy timeout)
+instead of failing on a lock upgrade, and each sees a state no one else
+changes before it commits. Writers of one process share transactions (group
+commit, see ``_write``). Reads run outside transactions: in WAL mode they
+never block writers.
 
 The SQL lives in ``sql/sqlite/queries.sql`` and is referred to by name; rows
 become records in :mod:`perdure.store.sqlite_rows`, which refuses what it
-cannot read. ``wait_ready`` is woken by every store object of this process
-that shares the database file; other processes are found by polling.
+cannot read. ``wait_ready`` is woken by every process of this host that
+writes to the file (:mod:`perdure.store.wakeup`).
 """
 
 from __future__ import annotations
@@ -24,32 +26,13 @@ from datetime import datetime
 from typing import Any, Literal
 
 from perdure import errors
-from perdure.store import port, sqlfiles
+from perdure.store import port, sqlfiles, wakeup
 from perdure.store import sqlite_rows as rows
 
 _Q = sqlfiles.queries("sqlite")
 _BUSY_TIMEOUT = 10.0
 # RETURNING arrived in 3.35.
 _MIN_SQLITE = (3, 35, 0)
-
-
-class _Signal:
-    """A counter that ``notify_ready`` bumps and ``wait_ready`` watches."""
-
-    def __init__(self) -> None:
-        self.changed = threading.Condition()
-        self.count = 0
-
-
-# One per database file, so that every store object of this process on the
-# file wakes the others' workers.
-_SIGNALS: dict[str, _Signal] = {}
-_SIGNALS_LOCK = threading.Lock()
-
-
-def _signal_for(path: str) -> _Signal:
-    with _SIGNALS_LOCK:
-        return _SIGNALS.setdefault(os.path.realpath(path), _Signal())
 
 
 def database_path(url: str) -> str:
@@ -223,7 +206,7 @@ class SqliteStore:
         self._group: _Group | None = None
         self._conn_for_writes: sqlite3.Connection | None = None
         self._closed = False
-        self._signal = _signal_for(self.path)
+        self._wakeup = wakeup.Channel(self.path)
         # Connect now so that a bad location fails here, and the file exists.
         self._idle: list[sqlite3.Connection] = [self._connect()]
 
@@ -385,24 +368,23 @@ class SqliteStore:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+        self._wakeup.close()
 
     def now(self) -> datetime:
         """Return the store's current time."""
         return self._clock.now()
 
     def wait_ready(self, timeout: float) -> bool:
-        """Block until ``notify_ready`` on this file in this process, or ``timeout`` passes."""
-        signal = self._signal
-        with signal.changed:
-            seen = signal.count
-            return signal.changed.wait_for(lambda: signal.count != seen, timeout)
+        """Block until a run may have become ready on this file, or ``timeout`` passes.
+
+        Any process on this host that writes to the file wakes the waiters
+        (see :mod:`perdure.store.wakeup`); others are found by polling.
+        """
+        return self._wakeup.wait(timeout)
 
     def notify_ready(self) -> None:
-        """Wake every ``wait_ready`` caller of any store on this file in this process."""
-        signal = self._signal
-        with signal.changed:
-            signal.count += 1
-            signal.changed.notify_all()
+        """Wake every ``wait_ready`` caller on this file, in every process of this host."""
+        self._wakeup.notify()
 
     # -- runs -------------------------------------------------------------
 
@@ -524,9 +506,23 @@ class SqliteStore:
                 except errors.CorruptState as exc:
                     tx.conn.execute("ROLLBACK TO claim_one")
                     error = {"code": exc.code, "message": str(exc), "invariant": exc.invariant}
-                    tx.run("quarantine", run_id=candidate["run_id"], error=json.dumps(error))
+                    self._quarantine(tx, candidate, error)
                 tx.conn.execute("RELEASE claim_one")
         return claimed
+
+    def _quarantine(self, tx: _Tx, candidate: sqlite3.Row, error: dict[str, Any]) -> None:
+        row = tx.one("quarantine", run_id=candidate["run_id"], error=json.dumps(error))
+        sequence = row["ledger_sequence"] if row is not None else None
+        if isinstance(sequence, int) and sequence > 0:
+            generation = candidate["generation"]
+            note = f"set aside: {error['invariant']}"
+            tx.append(
+                candidate["run_id"],
+                sequence,
+                [port.Mark("finished", note=note)],
+                generation if isinstance(generation, int) and generation >= 0 else 0,
+                None,
+            )
 
     def _claim_one(self, tx: _Tx, candidate: sqlite3.Row, worker: str, lease: int) -> port.Claimed:
         recovered = rows.run(candidate).state == "running"

@@ -106,6 +106,9 @@ class _Columns:
 def run(row: sqlite3.Row) -> port.Run:
     """Return the :class:`port.Run` of a ``runs`` row."""
     c = _Columns("runs", row)
+    worker = c.opt_text("worker")
+    if worker is not None and not port.WORKER_ID.match(worker):
+        raise errors.CorruptState(row["run_id"], "run_worker_id", f"worker id {worker[:40]!r}")
     return port.Run(
         run_id=c.text("run_id"),
         app=c.text("app"),
@@ -119,7 +122,7 @@ def run(row: sqlite3.Row) -> port.Run:
         parent_id=c.opt_text("parent_id"),
         generation=c.integer("generation"),
         failures=c.integer("failures"),
-        worker=c.opt_text("worker"),
+        worker=worker,
         lease_expires_at=c.opt_time("lease_expires_at"),
         ready_at=c.opt_time("ready_at"),
         cancel_requested=c.flag("cancel_requested"),

@@ -149,7 +149,8 @@ SELECT * FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY 
 WITH wanted AS (
     SELECT * FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS w(workflow, version)
 ), fresh AS (
-    SELECT run_id, state, created_at AS due_at, created_at FROM perdure.runs
+    SELECT run_id, state, created_at AS due_at, created_at,
+           generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'queued' AND ready_at IS NULL
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
       AND NOT run_id = ANY(%(exclude)s::text[])
@@ -157,7 +158,8 @@ WITH wanted AS (
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ), backed_off AS (
-    SELECT run_id, state, ready_at AS due_at, created_at FROM perdure.runs
+    SELECT run_id, state, ready_at AS due_at, created_at,
+           generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'queued'
       AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
@@ -166,7 +168,8 @@ WITH wanted AS (
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ), due AS (
-    SELECT run_id, state, ready_at AS due_at, created_at FROM perdure.runs
+    SELECT run_id, state, ready_at AS due_at, created_at,
+           generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'waiting'
       AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
@@ -175,7 +178,8 @@ WITH wanted AS (
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ), lapsed AS (
-    SELECT run_id, state, lease_expires_at AS due_at, created_at FROM perdure.runs
+    SELECT run_id, state, lease_expires_at AS due_at, created_at,
+           generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'running'
       AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
@@ -206,7 +210,7 @@ WITH wanted AS (
         updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
     FROM picked AS p
     WHERE r.run_id = p.run_id
-    RETURNING r.*, p.state AS prior_state
+    RETURNING r.*, p.state AS prior_state, p.prior_generation, p.prior_worker
 ), receipt AS (
     INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker)
     SELECT run_id, ledger_sequence,
@@ -218,6 +222,20 @@ WITH wanted AS (
     WHERE l.run_id = c.run_id AND l.sequence <= c.ledger_sequence - %(ledger_limit)s
 )
 SELECT * FROM claimed ORDER BY updated_at, run_id;
+
+-- name: quarantine
+-- A claim candidate whose rows cannot be read is set aside, so that it stops
+-- being a candidate and no other run waits behind it. Nothing else is touched.
+UPDATE perdure.runs SET
+    state = 'needs_attention',
+    error = %(error)s,
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s
+RETURNING generation, ledger_sequence;
 
 -- name: fence_state
 SELECT generation, state, cancel_requested FROM perdure.runs WHERE run_id = %(run_id)s;
@@ -570,26 +588,27 @@ FOR NO KEY UPDATE SKIP LOCKED;
 
 -- name: sweep_orphans
 -- Records of runs that are gone or ended. A run that needs attention keeps
--- them: resolve may re-queue it.
+-- them (resolve may re-queue it), and so does one whose state this code
+-- cannot read: nothing is guessed.
 WITH waits_gone AS (
     DELETE FROM perdure.waits AS x WHERE NOT EXISTS (
         SELECT 1 FROM perdure.runs AS r
         WHERE r.run_id = x.run_id
-          AND r.state IN ('queued', 'running', 'waiting', 'needs_attention')
+          AND r.state NOT IN ('succeeded', 'failed', 'canceled')
     )
     RETURNING 1
 ), outcomes_gone AS (
     DELETE FROM perdure.outcomes AS x WHERE NOT EXISTS (
         SELECT 1 FROM perdure.runs AS r
         WHERE r.run_id = x.run_id
-          AND r.state IN ('queued', 'running', 'waiting', 'needs_attention')
+          AND r.state NOT IN ('succeeded', 'failed', 'canceled')
     )
     RETURNING 1
 ), messages_gone AS (
     DELETE FROM perdure.messages AS x WHERE NOT EXISTS (
         SELECT 1 FROM perdure.runs AS r
         WHERE r.run_id = x.run_id
-          AND r.state IN ('queued', 'running', 'waiting', 'needs_attention')
+          AND r.state NOT IN ('succeeded', 'failed', 'canceled')
     )
     RETURNING 1
 )

@@ -143,8 +143,10 @@ UPDATE runs SET
     worker = NULL,
     lease_expires_at = NULL,
     ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
     updated_at = :now
-WHERE run_id = :run_id;
+WHERE run_id = :run_id
+RETURNING ledger_sequence;
 
 -- name: claim_run
 -- SET expressions read the old row, so a lapsed 'running' lease counts as a
@@ -392,7 +394,7 @@ INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest,
 SELECT w.run_id, w.name, 'timed_out', NULL, NULL, NULL, :now
 FROM waits AS w JOIN runs AS r ON r.run_id = w.run_id
 WHERE w.deadline IS NOT NULL AND w.deadline <= :now
-  AND r.state IN ('queued', 'running', 'waiting')
+  AND r.state NOT IN ('succeeded', 'failed', 'canceled')
 ON CONFLICT (run_id, name) DO NOTHING;
 
 -- name: sweep_wake_due
@@ -405,19 +407,21 @@ WHERE state = 'waiting' AND ready_at <= :now
 RETURNING run_id, generation, ledger_sequence;
 
 -- name: sweep_orphan_waits
+-- Records of runs that are gone or have ended. A run that needs attention (or
+-- holds a state this code cannot read) keeps them: nothing is guessed.
 DELETE FROM waits WHERE NOT EXISTS (
     SELECT 1 FROM runs AS r
-    WHERE r.run_id = waits.run_id AND r.state IN ('queued', 'running', 'waiting')
+    WHERE r.run_id = waits.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
 );
 
 -- name: sweep_orphan_outcomes
 DELETE FROM outcomes WHERE NOT EXISTS (
     SELECT 1 FROM runs AS r
-    WHERE r.run_id = outcomes.run_id AND r.state IN ('queued', 'running', 'waiting')
+    WHERE r.run_id = outcomes.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
 );
 
 -- name: sweep_orphan_messages
 DELETE FROM messages WHERE NOT EXISTS (
     SELECT 1 FROM runs AS r
-    WHERE r.run_id = messages.run_id AND r.state IN ('queued', 'running', 'waiting')
+    WHERE r.run_id = messages.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
 );
