@@ -833,6 +833,36 @@ def resolve(
 
 
 @cli.command()
+@click.argument("run_id")
+@click.option(
+    "--from-step",
+    default=None,
+    metavar="STEP",
+    help="Re-execute from this step (its key, e.g. charge or charge#2); "
+    "default: from the first entry that did not succeed.",
+)
+@_common
+def fork(run_id: str, from_step: str | None, store_url: str | None, as_json: bool) -> None:
+    """Start a new run of RUN_ID's workflow and inputs that reuses its journal.
+
+    The new run replays the recorded steps before the cut and executes from
+    there: the way to retry a failed run once its code is fixed.
+    """
+    with _opened(store_url) as store:
+        client = _client_for_run(store, run_id)
+        forked = client.fork(run_id, from_step)
+        reused = len(store.journal(forked.run_id))
+        info = client.get(forked.run_id)
+    if as_json:
+        _emit_json({"forked_from": run_id, "reused_entries": reused, **_run_doc(info, client.app)})
+    else:
+        click.echo(
+            f"run {forked.run_id} forked from {run_id}: {reused} journal entries reused, "
+            f"the run is {info.state}"
+        )
+
+
+@cli.command()
 @_common
 def migrate(store_url: str | None, as_json: bool) -> None:
     """Create or upgrade the store's schema."""
