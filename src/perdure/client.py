@@ -230,8 +230,10 @@ class Client:
             errors.WaitExpired: its deadline had passed; it is now settled as timed out.
             errors.RunNotFound, errors.RunFinished.
         """
-        if not name or "/" in name:
-            raise errors.InvalidInput(f"wait name {name!r} must be non-empty, without '/'")
+        if not name or "/" in name or name.startswith("child:"):
+            raise errors.InvalidInput(
+                f"wait name {name!r} must be non-empty, without '/', and not a child's"
+            )
         run = self._run(run_id)
         if run.state in port.TERMINAL_STATES:
             raise errors.RunFinished(run_id, run.state)

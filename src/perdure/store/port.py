@@ -534,10 +534,10 @@ class Store(Protocol):
     def request_cancel(self, run_id: str) -> bool:
         """Cancel the run and every descendant.
 
-        Queued and waiting runs become ``canceled`` at once (their open waits
-        get a ``canceled`` outcome first, put-if-absent); running ones get
-        ``cancel_requested`` and are settled by their owner (or by the next
-        claim if the owner is gone). Returns True if anything changed.
+        Queued and waiting runs become ``canceled`` at once; running ones get
+        ``cancel_requested`` and a ``canceled`` outcome (put-if-absent) for
+        each open signal or child wait, and are settled by their owner (or by
+        the next claim if the owner is gone). Returns True if anything changed.
 
         Raises:
             errors.RunNotFound: no such run.

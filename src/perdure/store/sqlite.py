@@ -863,6 +863,7 @@ class SqliteStore:
                 elif run.state == "running" and not run.cancel_requested:
                     query, receipt = "cancel_request", "cancel_requested"
                     requested = True
+                    tx.run("cancel_open_waits", run_id=run.run_id)
                 else:
                     continue
                 row = tx.one(query, run_id=run.run_id)

@@ -390,11 +390,22 @@ WHERE run_id = :run_id AND generation = :generation AND state = 'needs_attention
 RETURNING ledger_sequence, parent_id;
 
 -- name: sweep_expire_waits
+-- A receive's timeout is its owner's to decide (it compares the journaled
+-- deadline with the messages it finds): channel waits get no outcome, their
+-- runs are woken by sweep_wake_due.
 INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
 SELECT w.run_id, w.name, 'timed_out', NULL, NULL, NULL, :now
 FROM waits AS w JOIN runs AS r ON r.run_id = w.run_id
-WHERE w.deadline IS NOT NULL AND w.deadline <= :now
+WHERE w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
   AND r.state NOT IN ('succeeded', 'failed', 'canceled')
+ON CONFLICT (run_id, name) DO NOTHING;
+
+-- name: cancel_open_waits
+-- A cancel reaching a running run settles its open waits, so a later signal
+-- is answered with the cancel's receipt instead of one that is never applied.
+INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
+SELECT run_id, name, 'canceled', NULL, NULL, NULL, :now
+FROM waits WHERE run_id = :run_id AND kind <> 'channel'
 ON CONFLICT (run_id, name) DO NOTHING;
 
 -- name: sweep_wake_due
