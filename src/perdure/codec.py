@@ -8,6 +8,7 @@ them; anything else that is not a JSON value is refused with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -15,6 +16,7 @@ import json
 import types
 import typing
 import uuid
+import weakref
 from datetime import date, datetime
 from typing import Any
 
@@ -180,19 +182,30 @@ def _convert_class(value: Any, cls: type) -> Any:
     return value
 
 
+# Resolving hints is costly (string annotations are evaluated each time), and
+# a step's hints are read at every call: keep them per function.
+_HINTS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _hints(fn: Any) -> dict[str, Any]:
+    try:
+        return _HINTS[fn]
+    except (KeyError, TypeError):
+        pass
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = {}
+    with contextlib.suppress(TypeError):
+        _HINTS[fn] = hints
+    return hints
+
+
 def return_hint(fn: Any) -> Any:
     """Return the declared return type of ``fn``, or None when it has none."""
-    try:
-        return typing.get_type_hints(fn).get("return")
-    except Exception:
-        return None
+    return _hints(fn).get("return")
 
 
 def param_hints(fn: Any) -> dict[str, Any]:
     """Return the declared parameter types of ``fn`` (empty when unreadable)."""
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:
-        return {}
-    hints.pop("return", None)
-    return hints
+    return {k: v for k, v in _hints(fn).items() if k != "return"}
