@@ -41,6 +41,11 @@ _CATALOG = {
         FROM pg_constraint AS c JOIN pg_namespace AS n ON n.oid = c.connamespace
         WHERE n.nspname = 'perdure' ORDER BY 1, 2
     """,
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), p.prosrc FROM pg_proc AS p
+        JOIN pg_namespace AS n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'perdure' ORDER BY 1
+    """,
     "relations": """
         SELECT c.relname, c.relkind FROM pg_class AS c
         JOIN pg_namespace AS n ON n.oid = c.relnamespace

@@ -21,6 +21,7 @@ records in :mod:`perdure.store.postgres_rows`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -132,7 +133,9 @@ class PostgresStore:
             ) from None
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url,
-            kwargs=self._kwargs,
+            # Autocommit, so that a single-statement write is one round trip;
+            # multi-statement work opens its transaction explicitly.
+            kwargs={**self._kwargs, "autocommit": True},
             min_size=1,
             max_size=_POOL_MAX,
             timeout=_POOL_WAIT,
@@ -162,18 +165,21 @@ class PostgresStore:
         """Execute a named query; ``now`` is always passed."""
         return cur.execute(_Q[query], {"now": self._now(), **params})
 
-    def _transact(self, work: Callable[[Cursor], T], *, retry: bool = True) -> T:
+    def _transact(
+        self, work: Callable[[Cursor], T], *, retry: bool = True, single: bool = False
+    ) -> T:
         """Run ``work`` in one transaction, translating database failures to store errors.
 
         A deadlock or serialization failure rolls back everything ``work`` did,
-        so it is run again (unless ``retry`` is False).
+        so it is run again (unless ``retry`` is False). ``single`` work is one
+        statement, atomic by itself: it runs without BEGIN and COMMIT.
         """
         attempts = _ATTEMPTS if retry else 1
         for attempt in range(1, attempts + 1):
             try:
                 with (
                     self._pool.connection() as conn,
-                    conn.transaction(),
+                    contextlib.nullcontext() if single else conn.transaction(),
                     conn.cursor(row_factory=dict_row) as cur,
                 ):
                     return work(cur)
@@ -634,13 +640,33 @@ class PostgresStore:
     ) -> None:
         entries = rows.checked_entries(claim.run_id, entries)
         marks = rows.checked_marks(marks)
-
-        def work(cur: Cursor) -> None:
-            row = self._fenced(cur, fence, claim, claim.canceling, receipts=len(marks))
-            self._write_journal(cur, claim.run_id, entries)
-            self._append_marks(cur, claim, row["ledger_sequence"], marks)
-
-        self._transact(work)
+        params = {
+            "run_id": claim.run_id,
+            "generation": claim.generation,
+            "worker": claim.worker,
+            "canceling": claim.canceling,
+            "reset": fence == "fence_step",
+            "receipts": len(marks),
+            "entries": len(entries),
+            "ledger_limit": self._ledger_limit,
+            **rows.arrays(entries, rows.ENTRY_ARRAYS),
+            "mark_kinds": [m.kind for m in marks],
+            "mark_steps": [m.step for m in marks],
+            "mark_digests": [m.digest for m in marks],
+            "mark_notes": [m.note for m in marks],
+        }
+        try:
+            row = self._transact(
+                lambda cur: self._exec(cur, "record_step", **params).fetchone(), single=True
+            )
+        except errors.StoreError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.RaiseException):
+                raise errors.CorruptState(
+                    claim.run_id, "journal_position_taken", "a position holds a recorded entry"
+                ) from None
+            raise
+        if row is None:
+            self._transact(lambda cur: self._lost(cur, claim, claim.canceling))
 
     def begin_effect(
         self,

@@ -237,6 +237,59 @@ UPDATE perdure.runs SET
 WHERE run_id = %(run_id)s
 RETURNING generation, ledger_sequence;
 
+-- name: record_step
+-- The hot path of a step, as ONE statement (one round trip, one commit in
+-- autocommit mode): the fence, the journal entries and the receipts are
+-- written together, or not at all when the fence matches nothing (no row is
+-- returned). A position holding a settled entry aborts the whole statement.
+WITH fence AS (
+    UPDATE perdure.runs SET
+        failures = CASE WHEN %(reset)s THEN 0 ELSE failures END,
+        ledger_sequence = ledger_sequence + %(receipts)s,
+        updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
+      AND (NOT cancel_requested OR %(canceling)s)
+    RETURNING run_id, ledger_sequence
+), put AS (
+    INSERT INTO perdure.journal (
+        run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
+    )
+    SELECT f.run_id, e.position, e.kind, e.name, e.status, e.output, e.error, e.attempt,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM fence AS f, unnest(
+        %(positions)s::integer[], %(kinds)s::text[], %(names)s::text[], %(statuses)s::text[],
+        %(outputs)s::text[], %(errors)s::text[], %(attempts)s::integer[]
+    ) AS e(position, kind, name, status, output, error, attempt)
+    ON CONFLICT (run_id, position) DO UPDATE SET
+        kind = EXCLUDED.kind,
+        name = EXCLUDED.name,
+        status = EXCLUDED.status,
+        output = EXCLUDED.output,
+        error = EXCLUDED.error,
+        attempt = EXCLUDED.attempt,
+        updated_at = EXCLUDED.updated_at
+    WHERE perdure.journal.status = 'started'
+    RETURNING position
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
+    SELECT f.run_id, f.ledger_sequence - %(receipts)s + r.ord, r.kind,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           %(generation)s, %(worker)s, r.step, r.digest, r.note
+    FROM fence AS f, unnest(
+        %(mark_kinds)s::text[], %(mark_steps)s::text[], %(mark_digests)s::text[],
+        %(mark_notes)s::text[]
+    ) WITH ORDINALITY AS r(kind, step, digest, note, ord)
+    WHERE f.ledger_sequence - %(receipts)s + r.ord > f.ledger_sequence - %(ledger_limit)s
+), trimmed AS (
+    DELETE FROM perdure.ledger AS l USING fence AS f
+    WHERE l.run_id = f.run_id AND l.sequence <= f.ledger_sequence - %(ledger_limit)s
+)
+SELECT f.ledger_sequence,
+       CASE WHEN (SELECT count(*) FROM put) < %(entries)s
+            THEN perdure.refuse('journal_position_taken') END AS refused
+FROM fence AS f;
+
 -- name: fence_state
 SELECT generation, state, cancel_requested FROM perdure.runs WHERE run_id = %(run_id)s;
 

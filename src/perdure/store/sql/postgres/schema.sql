@@ -119,3 +119,12 @@ CREATE TABLE perdure.messages (
 
 -- Delivery order within a channel.
 CREATE UNIQUE INDEX messages_order ON perdure.messages (run_id, channel, sequence);
+
+-- Aborts the statement that calls it: lets a single-statement write refuse
+-- (and so roll back) everything it did, without a transaction round trip.
+CREATE FUNCTION perdure.refuse(reason text) RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = reason;
+END
+$$;
