@@ -193,7 +193,7 @@ class Client:
                 raise errors.ResultTimeout(f"run {run_id} is still {info.state} after {timeout}s")
             left = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
             time.sleep(left)
-            pause = min(pause * 1.5, 0.05)
+            pause = min(pause * 1.3, 0.02)
 
     def children(self, run_id: str) -> dict[str, int]:
         """Return how many child runs of the run are in each state."""

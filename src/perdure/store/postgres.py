@@ -347,7 +347,7 @@ class PostgresStore:
         injected = self._now()
         if injected is not None:
             return injected
-        row = self._transact(lambda cur: cur.execute(_Q["clock"]).fetchone())
+        row = self._transact(lambda cur: cur.execute(_Q["clock"]).fetchone(), single=True)
         assert row is not None
         return rows.instant(row, "now", None, "clock")
 
@@ -478,7 +478,9 @@ class PostgresStore:
 
     def get_run(self, run_id: str) -> port.Run | None:
         """Return the run, or None."""
-        row = self._transact(lambda cur: self._exec(cur, "run_by_id", run_id=run_id).fetchone())
+        row = self._transact(
+            lambda cur: self._exec(cur, "run_by_id", run_id=run_id).fetchone(), single=True
+        )
         return None if row is None else rows.run(row)
 
     def list_runs(
@@ -486,13 +488,15 @@ class PostgresStore:
     ) -> list[port.Run]:
         """Return the app's runs, newest first."""
         params = {"app": app, "state": state, "workflow": workflow, "limit": max(0, limit)}
-        found = self._transact(lambda cur: self._exec(cur, "list_runs", **params).fetchall())
+        found = self._transact(
+            lambda cur: self._exec(cur, "list_runs", **params).fetchall(), single=True
+        )
         return [rows.run(r) for r in found]
 
     def child_counts(self, run_id: str) -> dict[str, int]:
         """Return how many children of the run are in each state."""
         found = self._transact(
-            lambda cur: self._exec(cur, "child_counts", run_id=run_id).fetchall()
+            lambda cur: self._exec(cur, "child_counts", run_id=run_id).fetchall(), single=True
         )
         for row in found:
             if row["state"] not in port.RUN_STATES:
@@ -503,7 +507,9 @@ class PostgresStore:
 
     def journal(self, run_id: str) -> list[port.JournalEntry]:
         """Return the run's journal ordered by position."""
-        found = self._transact(lambda cur: self._exec(cur, "journal", run_id=run_id).fetchall())
+        found = self._transact(
+            lambda cur: self._exec(cur, "journal", run_id=run_id).fetchall(), single=True
+        )
         return [rows.entry(r) for r in found]
 
     def history(self, run_id: str) -> list[port.LedgerEntry]:
@@ -511,7 +517,9 @@ class PostgresStore:
 
         Gaps and counts are judged by the engine's validation, which names them.
         """
-        found = self._transact(lambda cur: self._exec(cur, "history", run_id=run_id).fetchall())
+        found = self._transact(
+            lambda cur: self._exec(cur, "history", run_id=run_id).fetchall(), single=True
+        )
         return [rows.receipt(row) for row in found]
 
     # -- claims ---------------------------------------------------------------
@@ -819,14 +827,16 @@ class PostgresStore:
 
     def outcomes(self, run_id: str) -> list[port.Outcome]:
         """Return every outcome record of the run."""
-        found = self._transact(lambda cur: self._exec(cur, "outcomes", run_id=run_id).fetchall())
+        found = self._transact(
+            lambda cur: self._exec(cur, "outcomes", run_id=run_id).fetchall(), single=True
+        )
         return [rows.outcome(r) for r in found]
 
     def waits(self, app: str, run_id: str | None = None) -> list[port.WaitRecord]:
         """Return the registered waits that have no outcome, oldest first."""
         query = "waits_of_app" if run_id is None else "waits_of_run"
         found = self._transact(
-            lambda cur: self._exec(cur, query, app=app, run_id=run_id).fetchall()
+            lambda cur: self._exec(cur, query, app=app, run_id=run_id).fetchall(), single=True
         )
         return [rows.wait(r) for r in found]
 
@@ -854,7 +864,9 @@ class PostgresStore:
     def next_message(self, run_id: str, channel: str, after_sequence: int) -> port.Message | None:
         """Return the run's first message on ``channel`` after ``after_sequence``."""
         params = {"run_id": run_id, "channel": channel, "after_sequence": after_sequence}
-        row = self._transact(lambda cur: self._exec(cur, "next_message", **params).fetchone())
+        row = self._transact(
+            lambda cur: self._exec(cur, "next_message", **params).fetchone(), single=True
+        )
         return None if row is None else rows.message(row)
 
     # -- operators ------------------------------------------------------------
