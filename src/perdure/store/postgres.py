@@ -569,7 +569,9 @@ class PostgresStore:
         assert exc.run_id is not None
         error = {"code": exc.code, "message": str(exc), "invariant": exc.invariant}
         row = self._exec(cur, "quarantine", run_id=exc.run_id, error=json.dumps(error)).fetchone()
-        if row is None or not isinstance(row["ledger_sequence"], int):
+        # A sequence that was already broken gets no receipt: numbering one
+        # from it would only add another broken row.
+        if row is None or not isinstance(row["ledger_sequence"], int) or row["ledger_sequence"] < 1:
             return
         generation = row["generation"] if isinstance(row["generation"], int) else 0
         note = f"set aside: {exc.invariant}"
