@@ -807,7 +807,7 @@ def test_rows_that_break_an_invariant_are_refused(
         assert (refused.value.run_id, refused.value.invariant) == (run_id, invariant)
 
 
-def test_claim_leaves_a_corrupt_run_alone_and_takes_the_others(
+def test_claim_sets_a_corrupt_run_aside_and_takes_the_others(
     postgres_url: str, store: postgres.PostgresStore
 ) -> None:
     for run_id in ("bad", "good"):
@@ -820,4 +820,9 @@ def test_claim_leaves_a_corrupt_run_alone_and_takes_the_others(
     claimed = store.claim("app", "w1", WF, lease_ttl=30, limit=2)
     assert [c.run.run_id for c in claimed] == ["good"]
     bad = store.get_run("bad")
-    assert bad is not None and (bad.state, bad.generation) == ("queued", 0)
+    # Set aside, not claimed: needs_attention with the invariant named, and
+    # the unreadable journal row left as it was.
+    assert bad is not None and (bad.state, bad.generation) == ("needs_attention", 0)
+    assert bad.error is not None and json.loads(bad.error)["code"] == "corrupt_state"
+    assert store.history("bad")[-1].kind == "finished"
+    assert store.claim("app", "w1", WF, lease_ttl=30, limit=2) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -523,23 +524,41 @@ def test_signal_after_the_deadline_is_stored_as_timed_out(
 
 def test_notify_reaches_every_store_on_the_file(store: sqlite.SqliteStore, sqlite_url: str) -> None:
     other = sqlite.SqliteStore(sqlite_url)
-    ready = threading.Barrier(2)
-    woke: list[bool] = []
-
-    def waiter() -> None:
-        with other._signal.changed:
-            ready.wait()  # the creator cannot notify before this waiter waits
-            seen = other._signal.count
-            woke.append(other._signal.changed.wait_for(lambda: other._signal.count != seen, 30))
-
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    ready.wait()
+    assert other.wait_ready(0) is False  # starts listening; nothing pending yet
     store.create_run(new("r"))
-    thread.join(timeout=30)
-    assert woke == [True]
+    # The notification was sent before this wait: it is kept, not lost.
+    assert other.wait_ready(5) is True
     assert other.wait_ready(0.01) is False
     other.close()
+
+
+def _notify_from_another_process(url: str) -> None:
+    child = sqlite.SqliteStore(url)
+    child.create_run(new("from-child"))
+    child.close()
+
+
+def test_notify_reaches_another_process(store: sqlite.SqliteStore, sqlite_url: str) -> None:
+    assert store.wait_ready(0) is False
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_notify_from_another_process, args=(sqlite_url,)
+    )
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert store.wait_ready(5) is True
+
+
+def test_a_dead_listener_is_skipped_and_removed(sqlite_url: str) -> None:
+    waiter = sqlite.SqliteStore(sqlite_url)
+    waiter.wait_ready(0)
+    (path,) = [os.path.join(waiter._wakeup.folder, n) for n in os.listdir(waiter._wakeup.folder)]
+    # A process killed without closing leaves its socket file behind.
+    waiter._wakeup._sock.close()  # type: ignore[union-attr]
+    sender = sqlite.SqliteStore(sqlite_url)
+    sender.notify_ready()
+    assert not os.path.exists(path)
+    sender.close()
 
 
 # -- end of run ----------------------------------------------------------------
