@@ -322,7 +322,9 @@ def _wrap(fn: F, opts: effects.StepOptions, *, transactional: bool) -> F:
         @functools.wraps(fn)
         async def async_step(*args: Any, **kwargs: Any) -> Any:
             ctx = context.current()
-            if ctx is None:
+            # Inside another step's body a step is a plain call: the outer
+            # step's outcome is what the journal records.
+            if ctx is None or context.in_step():
                 return await fn(*args, **kwargs)
             return await ctx.astep(fn, *args, **kwargs)
 
@@ -332,10 +334,11 @@ def _wrap(fn: F, opts: effects.StepOptions, *, transactional: bool) -> F:
     @functools.wraps(fn)
     def sync_step(*args: Any, **kwargs: Any) -> Any:
         ctx = context.current()
-        if ctx is None:
+        if ctx is None or context.in_step():
             if transactional:
                 raise errors.InvalidInput(
-                    f"transactional step {opts.name} can only run inside a workflow"
+                    f"transactional step {opts.name} can only be called by a workflow, "
+                    "not outside one or from inside another step"
                 )
             return fn(*args, **kwargs)
         if transactional:

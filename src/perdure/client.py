@@ -15,6 +15,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 from perdure import codec, errors, records, validation
@@ -236,7 +237,14 @@ class Client:
             )
         run = self._run(run_id)
         if run.state in port.TERMINAL_STATES:
-            raise errors.RunFinished(run_id, run.state)
+            applied = self._applied_receipt(run, name)
+            if applied is None:
+                raise errors.RunFinished(run_id, run.state)
+            if applied.outcome == "signaled" and signal_id and applied.signal_id == signal_id:
+                return applied  # a sender's retry after the run ended
+            raise errors.WaitSettled(
+                f"wait {applied.wait_id} was already {applied.outcome}", applied
+            )
         signal_id = signal_id or uuid.uuid4().hex
         text = codec.encode(payload)
         offered = port.Outcome(
@@ -249,6 +257,26 @@ class Client:
         if stored.outcome == "timed_out" and created:
             raise errors.WaitExpired(f"wait {found.wait_id} expired before this signal", found)
         raise errors.WaitSettled(f"wait {found.wait_id} was already {stored.outcome}", found)
+
+    def _applied_receipt(self, run: port.Run, name: str) -> records.Receipt | None:
+        """Rebuild a wait's receipt from the journal of an ended run (its records are gone)."""
+        for entry in self.store.journal(run.run_id):
+            if entry.kind != "wait" or entry.name != name or entry.status == "started":
+                continue
+            body = codec.decode((entry.output if entry.status == "ok" else entry.error) or "{}")
+            if not isinstance(body, dict) or "at" not in body:
+                return None
+            outcome = "signaled" if entry.status == "ok" else str(body.get("outcome", "timed_out"))
+            return records.Receipt(
+                wait_id=f"{run.run_id}/{name}",
+                run_id=run.run_id,
+                name=name,
+                outcome=outcome,
+                signal_id=body.get("signal_id"),
+                at=datetime.fromisoformat(body["at"]),
+                payload_digest=body.get("digest"),
+            )
+        return None
 
     def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
         """Store a channel message; False when ``key`` was already sent (first payload wins)."""

@@ -37,6 +37,11 @@ def current() -> Context | None:
     return _CURRENT.get()
 
 
+def in_step() -> bool:
+    """Whether the calling code runs inside a step's body."""
+    return _STEP_KEY.get() is not None
+
+
 def idempotency_key() -> str:
     """Return the running step's stable idempotency key (``run_id/step key``).
 
@@ -214,7 +219,8 @@ class Context:
             if self._runtime.claim.canceling:
                 raise
             self._runtime.acknowledge_cancel()
-            if entry.status == "started":
+            if entry.status == "started" and not _retry_due(entry):
+                # The effect was about to start: it did not, so nothing is recorded.
                 self.restore([e for e in entries if e.position != entry.position], buffered)
                 raise
             self._guarded(lambda: op(self._runtime.claim, entries, [*buffered, *marks]))
@@ -389,15 +395,23 @@ class Context:
         mark = port.Mark("outcome_applied", outcome.name, outcome.payload_digest)
         if outcome.outcome == "signaled":
             payload = codec.decode(outcome.payload) if outcome.payload is not None else None
+            # The receipt's fields are kept too: once the run ends and its
+            # outcome record is gone, a sender's retry is answered from here.
             body = {
                 "payload": payload,
                 "signal_id": outcome.signal_id,
                 "at": outcome.at.isoformat(),
+                "digest": outcome.payload_digest,
             }
             entry = port.JournalEntry(position, "wait", outcome.name, "ok", codec.encode(body))
         else:
             code = "wait_timeout" if outcome.outcome == "timed_out" else "canceled"
-            error = _error_dict(code, f"wait {outcome.name!r} {outcome.outcome}")
+            error = _error_dict(
+                code,
+                f"wait {outcome.name!r} {outcome.outcome}",
+                outcome=outcome.outcome,
+                at=outcome.at.isoformat(),
+            )
             entry = port.JournalEntry(
                 position, "wait", outcome.name, "error", error=codec.encode(error)
             )
@@ -729,10 +743,10 @@ class _StepCall:
                     error=codec.encode(error),
                     attempt=self.attempt,
                 )
+                self.ctx.unsettled_effect = None
                 self.ctx._write(
                     self.ctx._store.finish_step, retry, [port.Mark("step_failed", self.key)]
                 )
-                self.ctx.unsettled_effect = None
             return self.opts.retry.delay(self.attempt)
         error = {"type": type(exc).__name__, "message": str(exc), "code": "step_failed"}
         entry = port.JournalEntry(

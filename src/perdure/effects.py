@@ -50,7 +50,7 @@ class Retry:
         try:
             ceiling = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
         except OverflowError:
-            ceiling = self.max_delay
+            ceiling = self.max_delay if self.initial_delay > 0 else 0.0
         return float(ceiling * rng()) if self.jitter else float(ceiling)
 
 

@@ -63,7 +63,13 @@ def validate_timing(lease_ttl: float, heartbeat: float) -> None:
     Raises:
         errors.LeaseTimingInvalid: (a ``ValueError``) naming both values.
     """
-    if lease_ttl <= 0 or heartbeat <= 0 or heartbeat >= lease_ttl or heartbeat * 3 > lease_ttl:
+    # A hair of tolerance, so that 0.1 * 3 counts as 0.3.
+    if (
+        lease_ttl <= 0
+        or heartbeat <= 0
+        or heartbeat >= lease_ttl
+        or heartbeat * 3 > lease_ttl * (1 + 1e-9)
+    ):
         raise errors.LeaseTimingInvalid(
             f"heartbeat={heartbeat} must be positive, below lease_ttl={lease_ttl} "
             f"and at most a third of it (<= {lease_ttl / 3:g})"

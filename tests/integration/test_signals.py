@@ -165,7 +165,12 @@ def test_a_signal_during_a_step_is_consumed_without_parking(
     rid = handle.run_id
     assert journal(app, rid) == [(1, "step", "work", "ok"), (2, "wait", "go", "ok")]
     body = codec.decode(app.store.journal(rid)[1].output or "null")
-    assert body == {"payload": {"ok": True}, "signal_id": "sig-1", "at": receipt.at.isoformat()}
+    assert body == {
+        "payload": {"ok": True},
+        "signal_id": "sig-1",
+        "at": receipt.at.isoformat(),
+        "digest": receipt.payload_digest,
+    }
     history = app.history(rid)
     assert [h.kind for h in history] == [
         "initialized",
@@ -317,12 +322,17 @@ def test_a_signal_from_another_process_is_applied_by_the_worker(
         "payload": {"from": "elsewhere"},
         "signal_id": "remote-1",
         "at": remote["at"],
+        "digest": remote["digest"],
     }
     applied = [h for h in app.history(rid) if h.kind == "outcome_applied"]
     assert [(h.step, h.digest) for h in applied] == [("go", remote["digest"])]
-    # The stored receipt is the one a late repeat would get, but the run ended.
-    with pytest.raises(perdure.RunFinished):
-        app.signal(rid, "go", {"from": "elsewhere"}, signal_id="remote-1")
+    # A late repeat from the other process, after the run ended, gets its receipt.
+    repeat = app.signal(rid, "go", {"from": "elsewhere"}, signal_id="remote-1")
+    assert (repeat.signal_id, repeat.payload_digest, repeat.at.isoformat()) == (
+        "remote-1",
+        remote["digest"],
+        remote["at"],
+    )
 
 
 # -- one outcome per wait ---------------------------------------------------------------
@@ -360,9 +370,13 @@ def test_a_repeat_returns_the_original_receipt_and_another_signal_is_refused(
 
     with app.worker(**WORKER):
         assert app.handle(rid).result(timeout=LIMIT) == {"branch": "signaled", "payload": {"v": 1}}
-    with pytest.raises(perdure.RunFinished) as finished:
-        app.signal(rid, "go", {"v": 1}, signal_id="s-1")
-    assert (finished.value.state, finished.value.code) == ("succeeded", "run_finished")
+    # The run ended and its outcome record is gone; the journal still answers
+    # a sender's retry with the original receipt, and refuses any other.
+    assert not app.store.outcomes(rid)
+    assert app.signal(rid, "go", {"v": 1}, signal_id="s-1") == first
+    with pytest.raises(perdure.WaitSettled) as refused_after:
+        app.signal(rid, "go", {"v": 1}, signal_id="s-9")
+    assert refused_after.value.receipt == first
 
 
 def test_a_signal_after_the_deadline_is_refused_and_the_run_times_out(
@@ -399,7 +413,12 @@ def test_a_signal_after_the_deadline_is_refused_and_the_run_times_out(
     assert codec.decode(entry.error or "null") == {
         "code": "wait_timeout",
         "message": "wait 'go' timed_out",
+        "outcome": "timed_out",
+        "at": timed_out.at.isoformat(),
     }
+    with pytest.raises(perdure.WaitSettled) as after_end:
+        app.signal(rid, "go", "after the end", signal_id="late-1")
+    assert after_end.value.receipt == timed_out
     no_records(app, rid)
 
 
@@ -522,8 +541,10 @@ def test_uncaught_wait_timed_out_fails_the_run_with_wait_timeout(
     with pytest.raises(perdure.RunFailed) as failed:
         handle.result(timeout=LIMIT)
     assert (failed.value.state, failed.value.error) == ("failed", info.error)
-    with pytest.raises(perdure.RunFinished):
+    # The ended run's journal holds the timeout: a late signal is shown it.
+    with pytest.raises(perdure.WaitSettled) as settled:
         app.signal(handle.run_id, "go", 1)
+    assert (settled.value.receipt.outcome, settled.value.receipt.signal_id) == ("timed_out", None)
     no_records(app, handle.run_id)
 
 
@@ -983,10 +1004,19 @@ def test_signals_and_sends_to_ended_runs_are_refused(make_app: Callable[..., per
         wait_state(app, failed.run_id, "failed")
     canceled = app.start(approval)
     assert app.cancel(canceled.run_id) is True
+    # The succeeded run applied a signal for "go": its journal answers.
+    with pytest.raises(perdure.WaitSettled) as settled:
+        app.signal(done.run_id, "go", 2, signal_id="x")
+    assert (settled.value.receipt.outcome, settled.value.receipt.run_id) == (
+        "signaled",
+        done.run_id,
+    )
     for handle, state in ((done, "succeeded"), (failed, "failed"), (canceled, "canceled")):
-        with pytest.raises(perdure.RunFinished) as finished:
-            app.signal(handle.run_id, "go", 2, signal_id="x")
-        assert (finished.value.state, finished.value.run_id) == (state, handle.run_id)
+        if handle is not done:
+            # No wait "go" was ever applied by these runs: they are simply over.
+            with pytest.raises(perdure.RunFinished) as finished:
+                app.signal(handle.run_id, "go", 2, signal_id="x")
+            assert (finished.value.state, finished.value.run_id) == (state, handle.run_id)
         with pytest.raises(perdure.RunFinished):
             app.send(handle.run_id, "events", "k", 2)
         with pytest.raises(perdure.RunFinished):
