@@ -20,6 +20,47 @@ import tempfile
 import threading
 
 _COUNTER = itertools.count()
+_PREFIX = "perdure-wake-"
+_pruned = False
+_prune_lock = threading.Lock()
+
+
+def _prune(tmp: str) -> None:
+    """Remove sockets (and then folders) left by processes that are gone.
+
+    A process killed without closing its store leaves its socket file, and a
+    database that was deleted leaves its folder: both would pile up in the
+    temporary directory. Done once per process, when it first listens.
+    """
+    global _pruned
+    with _prune_lock:
+        if _pruned:
+            return
+        _pruned = True
+    with contextlib.suppress(OSError):
+        for folder in os.listdir(tmp):
+            if folder.startswith(_PREFIX):
+                _prune_folder(os.path.join(tmp, folder))
+
+
+def _prune_folder(folder: str) -> None:
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            pid = name.split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)  # only succeeds once it is empty
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Channel:
@@ -29,7 +70,7 @@ class Channel:
         digest = hashlib.sha256(os.path.realpath(key).encode()).hexdigest()[:20]
         # Socket paths are limited to about 100 bytes, so the folder is short
         # and lives in the temporary directory rather than beside the file.
-        self.folder = os.path.join(tempfile.gettempdir(), f"perdure-wake-{digest}")
+        self.folder = os.path.join(tempfile.gettempdir(), f"{_PREFIX}{digest}")
         self._sock: socket.socket | None = None
         self._path: str | None = None
         self._lock = threading.Lock()
@@ -37,6 +78,7 @@ class Channel:
     def _listen(self) -> socket.socket:
         with self._lock:
             if self._sock is None:
+                _prune(os.path.dirname(self.folder))
                 os.makedirs(self.folder, mode=0o700, exist_ok=True)
                 path = os.path.join(self.folder, f"{os.getpid()}-{next(_COUNTER)}.sock")
                 with contextlib.suppress(FileNotFoundError):
