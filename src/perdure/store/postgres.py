@@ -15,46 +15,35 @@ makes it safe to share:
 * A transition that makes a run ready sends ``NOTIFY perdure_ready`` (delivered
   on commit); ``wait_ready`` LISTENs on a dedicated connection.
 
+The URL, the pool, transactions and the listener are in
+:mod:`perdure.store.postgres_connection`.
+
 SQL lives in ``sql/postgres/queries.sql``; records become rows and rows
 records in :mod:`perdure.store.postgres_rows`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import random
-import re
-import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn
 
 import psycopg
 import psycopg.errors
-from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from perdure import errors
-from perdure.store import port, sqlfiles
+from perdure.store import port, postgres_connection, sqlfiles
 from perdure.store import postgres_rows as rows
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-Row = dict[str, Any]
-Cursor = psycopg.Cursor[Row]
+Row = postgres_connection.Row
+Cursor = postgres_connection.Cursor
 
 _Q = sqlfiles.queries("postgres")
-_CONNECT_TIMEOUT = 5
-_POOL_MAX = 10
-_POOL_WAIT = 30.0
-_ATTEMPTS = 5
-_LISTEN_SLICE = 1.0
 
 
 class _BodyRaised(Exception):
@@ -65,42 +54,7 @@ class _BodyRaised(Exception):
         self.original = original
 
 
-def _redact(url: str) -> str:
-    """Return ``url`` with any password removed (from the userinfo and the query)."""
-    url = re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^:@/?#]*):[^@/?#]*@", r"\1@", url)
-    url = re.sub(r"([?&])password=[^&#]*&?", r"\1", url)
-    return url.rstrip("?&")
-
-
-def _reason(exc: BaseException) -> str:
-    """Return the useful part of a psycopg/libpq message, on one line."""
-    line = next((part for part in str(exc).splitlines() if part.strip()), type(exc).__name__)
-    line = line.rsplit(" failed: ", 1)[-1]
-    return re.sub(r"^(FATAL|ERROR):\s+", "", line).strip().rstrip(".")
-
-
-def _connect_kwargs(url: str, shown: str) -> dict[str, Any]:
-    """Check ``url`` without connecting; return the connection options perdure adds."""
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    if scheme not in ("postgresql", "postgres"):
-        raise errors.InvalidStoreURL(
-            f"not a PostgreSQL URL: {shown!r} (use postgresql://user@host:port/database)"
-        )
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        reason = _reason(exc).replace(url, shown)
-        raise errors.InvalidStoreURL(f"malformed PostgreSQL URL {shown!r}: {reason}") from None
-    for number in str(params.get("port") or "5432").split(","):
-        if not number.isdigit() or not 0 < int(number) < 65536:
-            raise errors.InvalidStoreURL(
-                f"malformed PostgreSQL URL {shown!r}: port {number!r} is not a port number"
-            )
-    extra: dict[str, Any] = {"connect_timeout": _CONNECT_TIMEOUT, "application_name": "perdure"}
-    return {k: v for k, v in extra.items() if k not in params}
-
-
-class PostgresStore:
+class PostgresStore(postgres_connection.Connections):
     """The port on PostgreSQL (see the module docstring)."""
 
     def __init__(
@@ -114,41 +68,9 @@ class PostgresStore:
         """
         if ledger_limit < 1:
             raise errors.InvalidInput(f"ledger_limit must be at least 1, got {ledger_limit}")
-        self.url = _redact(url)
-        self._conninfo = url
-        self._kwargs = _connect_kwargs(url, self.url)
+        super().__init__(url)
         self._clock = clock
         self._ledger_limit = ledger_limit
-        self._closed = False
-        self._listen_conn: psycopg.Connection[Any] | None = None
-        self._listen_lock = threading.Lock()
-        self._wake_cond = threading.Condition()
-        self._wakes = 0
-        try:
-            # One plain connection first: the pool would only time out, without the reason.
-            psycopg.connect(url, **self._kwargs).close()
-        except psycopg.Error as exc:
-            raise errors.StoreUnavailable(
-                f"cannot connect to the PostgreSQL store {self.url}: {_reason(exc)}"
-            ) from None
-        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            url,
-            # Autocommit, so that a single-statement write is one round trip;
-            # multi-statement work opens its transaction explicitly.
-            kwargs={**self._kwargs, "autocommit": True},
-            min_size=1,
-            max_size=_POOL_MAX,
-            timeout=_POOL_WAIT,
-            open=False,
-            name="perdure",
-        )
-        try:
-            self._pool.open(wait=True, timeout=_CONNECT_TIMEOUT * 2)
-        except PoolTimeout:
-            self._pool.close()
-            raise errors.StoreUnavailable(
-                f"cannot open connections to the PostgreSQL store {self.url}"
-            ) from None
 
     # -- plumbing -------------------------------------------------------------
 
@@ -164,49 +86,6 @@ class PostgresStore:
     def _exec(self, cur: Cursor, query: str, **params: Any) -> Cursor:
         """Execute a named query; ``now`` is always passed."""
         return cur.execute(_Q[query], {"now": self._now(), **params})
-
-    def _transact(
-        self, work: Callable[[Cursor], T], *, retry: bool = True, single: bool = False
-    ) -> T:
-        """Run ``work`` in one transaction, translating database failures to store errors.
-
-        A deadlock or serialization failure rolls back everything ``work`` did,
-        so it is run again (unless ``retry`` is False). ``single`` work is one
-        statement, atomic by itself: it runs without BEGIN and COMMIT.
-        """
-        attempts = _ATTEMPTS if retry else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                with (
-                    self._pool.connection() as conn,
-                    contextlib.nullcontext() if single else conn.transaction(),
-                    conn.cursor(row_factory=dict_row) as cur,
-                ):
-                    return work(cur)
-            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
-                if attempt == attempts:
-                    raise errors.StoreError(f"PostgreSQL kept aborting: {_reason(exc)}") from exc
-                time.sleep(random.uniform(0, 0.005 * attempt))
-            except PoolClosed as exc:
-                raise errors.StoreError(f"the store {self.url} is closed") from exc
-            except PoolTimeout as exc:
-                raise errors.StoreUnavailable(
-                    f"no connection to the PostgreSQL store {self.url} came free in time"
-                ) from exc
-            except psycopg.errors.UndefinedTable as exc:
-                raise errors.StoreError(
-                    f"the PostgreSQL store {self.url} has no perdure schema; run migrate() first"
-                ) from exc
-            except psycopg.OperationalError as exc:
-                # Class 08 (connection) and 57 (shutdown), or no server answer at all.
-                if exc.sqlstate is None or exc.sqlstate[:2] in ("08", "57"):
-                    raise errors.StoreUnavailable(
-                        f"lost the PostgreSQL store {self.url}: {_reason(exc)}"
-                    ) from exc
-                raise errors.StoreError(f"PostgreSQL refused: {_reason(exc)}") from exc
-            except psycopg.Error as exc:
-                raise errors.StoreError(f"PostgreSQL refused: {_reason(exc)}") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _fenced(
         self, cur: Cursor, query: str, claim: port.Claim, canceling: bool, **params: Any
@@ -328,20 +207,6 @@ class PostgresStore:
 
         self._transact(work)
 
-    def close(self) -> None:
-        """Release connections. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._pool.close()
-        # A listener notices _closed within one slice of its wait and lets go.
-        with self._listen_lock:
-            if self._listen_conn is not None:
-                self._listen_conn.close()
-                self._listen_conn = None
-        with self._wake_cond:
-            self._wake_cond.notify_all()
-
     def now(self) -> datetime:
         """Return the injected clock's time, else the database server's."""
         injected = self._now()
@@ -350,66 +215,6 @@ class PostgresStore:
         row = self._transact(lambda cur: cur.execute(_Q["clock"]).fetchone(), single=True)
         assert row is not None
         return rows.instant(row, "now", None, "clock")
-
-    def wait_ready(self, timeout: float) -> bool:
-        """Block until a run may have become ready (a NOTIFY), or ``timeout`` seconds pass.
-
-        One caller at a time listens on the dedicated connection; the others
-        wait on a condition it signals, and take over when it leaves.
-        """
-        deadline = time.monotonic() + max(0.0, timeout)
-        with self._wake_cond:
-            seen = self._wakes
-        while not self._closed:
-            if self._listen_lock.acquire(blocking=False):
-                try:
-                    if self._wakes != seen:
-                        return True
-                    notified = self._listen(deadline)
-                finally:
-                    self._listen_lock.release()
-                with self._wake_cond:
-                    self._wakes += notified
-                    # Wake the others: to share the news, or to take over listening.
-                    self._wake_cond.notify_all()
-                    return self._wakes != seen
-            with self._wake_cond:
-                remaining = deadline - time.monotonic()
-                if self._wakes != seen or remaining <= 0:
-                    return self._wakes != seen
-                self._wake_cond.wait(remaining)
-        return False
-
-    def _listen(self, deadline: float) -> bool:
-        """Wait for a notification until ``deadline``; the caller holds ``_listen_lock``."""
-        if self._listen_conn is None:
-            try:
-                conn = psycopg.connect(self._conninfo, autocommit=True, **self._kwargs)
-                conn.execute(_Q["listen"])
-            except psycopg.Error as exc:
-                # The caller polls anyway: wait out its timeout (a local
-                # notify_ready still wakes it) rather than fail its loop.
-                log.warning("cannot listen on the store %s: %s", self.url, _reason(exc))
-                with self._wake_cond:
-                    self._wake_cond.wait(max(0.0, deadline - time.monotonic()))
-                return False
-            self._listen_conn = conn
-        conn = self._listen_conn
-        try:
-            while not self._closed:
-                remaining = deadline - time.monotonic()
-                slice_ = max(0.0, min(remaining, _LISTEN_SLICE))
-                for _ in conn.notifies(timeout=slice_, stop_after=1):
-                    return True
-                if remaining <= _LISTEN_SLICE:
-                    return False
-        except psycopg.Error:
-            # A broken listener is reopened by the next call; this one wakes its
-            # caller, as a spurious wake-up is allowed and cheaper than a stall.
-            conn.close()
-            self._listen_conn = None
-            return True
-        return False
 
     def notify_ready(self) -> None:
         """Wake every ``wait_ready`` caller of this store, here and on other hosts."""

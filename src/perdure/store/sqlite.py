@@ -4,8 +4,8 @@ Every write runs in a ``BEGIN IMMEDIATE`` transaction, so writers of
 different processes queue on the database lock (up to the busy timeout)
 instead of failing on a lock upgrade, and each sees a state no one else
 changes before it commits. Writers of one process share transactions (group
-commit, see ``_write``). Reads run outside transactions: in WAL mode they
-never block writers.
+commit, see ``_write`` in :mod:`perdure.store.sqlite_connection`). Reads run
+outside transactions: in WAL mode they never block writers.
 
 The SQL lives in ``sql/sqlite/queries.sql`` and is referred to by name; rows
 become records in :mod:`perdure.store.sqlite_rows`, which refuses what it
@@ -17,56 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sqlite3
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
 from datetime import datetime
 from typing import Any, Literal
 
 from perdure import errors
-from perdure.store import port, sqlfiles, wakeup
+from perdure.store import port, sqlfiles, sqlite_connection, wakeup
 from perdure.store import sqlite_rows as rows
 
-_Q = sqlfiles.queries("sqlite")
-_BUSY_TIMEOUT = 10.0
 # RETURNING arrived in 3.35.
 _MIN_SQLITE = (3, 35, 0)
 
-
-def database_path(url: str) -> str:
-    """Return the absolute file path named by a ``sqlite:///`` URL.
-
-    Raises:
-        errors.InvalidStoreURL: the URL is not ``sqlite:///path`` or names no file.
-    """
-    prefix = "sqlite:///"
-    if not url.startswith(prefix):
-        raise errors.InvalidStoreURL(
-            f"unsupported SQLite URL {url!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
-        )
-    rest = url[len(prefix) :]
-    if rest.lstrip("/") in ("", ":memory:"):
-        raise errors.InvalidStoreURL(
-            f"the SQLite URL {url!r} names no file; a store must outlive its process"
-        )
-    return os.path.abspath(rest)
-
-
-def _check_location(path: str) -> None:
-    folder = os.path.dirname(path)
-    if os.path.isdir(path):
-        problem = "it is a directory"
-    elif not os.path.isdir(folder):
-        problem = f"the directory {folder} does not exist"
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        problem = f"the directory {folder} is not writable"
-    elif os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
-        problem = "the file is not readable and writable"
-    else:
-        return
-    raise errors.StoreUnavailable(f"cannot open the SQLite store {path}: {problem}.")
+# Named here too, where callers have always imported it from.
+database_path = sqlite_connection.database_path
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -97,81 +61,7 @@ def _json_value(run_id: str, what: str, text: str | None) -> Any:
         raise errors.InvalidPayload(f"the {what} of run {run_id} is not JSON") from None
 
 
-def _execute(
-    conn: sqlite3.Connection, query: str, params: dict[str, Any]
-) -> tuple[list[sqlite3.Row], int]:
-    """Run a named query; return its rows and how many rows it changed.
-
-    Raises:
-        errors.StoreUnavailable: SQLite could not run it (locked, I/O, no schema).
-    """
-    # Rows by column name for the adapter only: the connection itself keeps
-    # plain tuples for the bodies of transaction_step.
-    cursor = conn.cursor()
-    cursor.row_factory = sqlite3.Row
-    try:
-        cursor.execute(_Q[query], params)
-        # fetchall also finishes the statement, which COMMIT requires.
-        return cursor.fetchall(), cursor.rowcount
-    except sqlite3.OperationalError as exc:
-        raise errors.StoreUnavailable(f"the SQLite query {query} failed: {exc}") from exc
-
-
-# A group commits once it holds this many writes, however many are queued.
-_GROUP_LIMIT = 64
-
-
-class _Group:
-    """Writes that share one commit."""
-
-    def __init__(self) -> None:
-        self.members = 0
-        self.committed = threading.Event()
-        self.error: errors.StoreUnavailable | None = None
-
-
-class _Tx:
-    """One connection inside one transaction, with the instant it runs at."""
-
-    __slots__ = ("conn", "limit", "now")
-
-    def __init__(self, conn: sqlite3.Connection, now: int, limit: int) -> None:
-        self.conn = conn
-        self.now = now
-        self.limit = limit
-
-    def rows(self, query: str, **params: Any) -> list[sqlite3.Row]:
-        return _execute(self.conn, query, {"now": self.now, **params})[0]
-
-    def one(self, query: str, **params: Any) -> sqlite3.Row | None:
-        found = self.rows(query, **params)
-        return found[0] if found else None
-
-    def run(self, query: str, **params: Any) -> int:
-        return _execute(self.conn, query, {"now": self.now, **params})[1]
-
-    def append(
-        self,
-        run_id: str,
-        last: int,
-        marks: Sequence[port.Mark],
-        generation: int,
-        worker: str | None,
-    ) -> None:
-        """Store ``marks`` as receipts numbered up to ``last``; keep the newest ``limit``."""
-        if not marks:
-            return
-        first = last - len(marks) + 1
-        for mark in marks:
-            rows.check_mark(mark)
-        fixed = {"run_id": run_id, "at": self.now, "generation": generation, "worker": worker}
-        for i, mark in enumerate(marks):
-            self.run("ledger_append", **vars(mark), **fixed, sequence=first + i)
-        if last > self.limit:
-            self.run("ledger_trim", run_id=run_id, upto=last - self.limit)
-
-
-class SqliteStore:
+class SqliteStore(sqlite_connection.Connections):
     """A :class:`port.Store` on one SQLite database file."""
 
     def __init__(
@@ -194,148 +84,8 @@ class SqliteStore:
                 f"the embedded store needs SQLite 3.35 or later; this Python has "
                 f"{sqlite3.sqlite_version}."
             )
-        self.url = url
-        self.path = database_path(url)
-        _check_location(self.path)
-        self._clock: port.Clock = clock or port.SystemClock()
-        self._limit = ledger_limit
-        self._lock = threading.Lock()
-        self._mutex = threading.Lock()
-        self._queue_lock = threading.Lock()
-        self._queued = 0
-        self._group: _Group | None = None
-        self._conn_for_writes: sqlite3.Connection | None = None
-        self._closed = False
+        super().__init__(url, clock=clock, ledger_limit=ledger_limit)
         self._wakeup = wakeup.Channel(self.path)
-        # Connect now so that a bad location fails here, and the file exists.
-        self._idle: list[sqlite3.Connection] = [self._connect()]
-
-    # -- connections ------------------------------------------------------
-
-    def _connect(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=_BUSY_TIMEOUT,
-                isolation_level=None,
-                check_same_thread=False,
-                cached_statements=128,
-            )
-        except sqlite3.Error as exc:
-            raise errors.StoreUnavailable(
-                f"cannot open the SQLite store {self.path}: {exc}."
-            ) from exc
-        try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            conn.execute("PRAGMA synchronous = FULL")
-        except sqlite3.Error as exc:
-            conn.close()
-            raise errors.StoreUnavailable(
-                f"cannot open the SQLite store {self.path}: {exc}."
-            ) from exc
-        if str(mode).lower() != "wal":
-            conn.close()
-            raise errors.StoreUnavailable(
-                f"cannot open the SQLite store {self.path}: it refuses write-ahead logging."
-            )
-        return conn
-
-    # A pool rather than one connection per thread, so that short-lived
-    # threads leave no connections behind.
-    def _acquire(self) -> sqlite3.Connection:
-        with self._lock:
-            if self._closed:
-                raise errors.StoreUnavailable(f"the SQLite store {self.path} is closed.")
-            if self._idle:
-                return self._idle.pop()
-        return self._connect()
-
-    def _release(self, conn: sqlite3.Connection) -> None:
-        with self._lock:
-            if not self._closed and not conn.in_transaction:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    @contextmanager
-    def _write(self) -> Iterator[_Tx]:
-        """Run the body as part of a durable write; return once it is committed.
-
-        Writers of this store object take turns on one open ``BEGIN
-        IMMEDIATE`` transaction, each body in its own savepoint. The writer
-        that finds no one queued behind it commits the whole group, so
-        concurrent steps share one fsync (group commit), and no caller returns
-        before the commit that holds its writes.
-        """
-        with self._queue_lock:
-            self._queued += 1
-        self._mutex.acquire()
-        with self._queue_lock:
-            self._queued -= 1
-        group: _Group | None = None
-        try:
-            group = self._join_group()
-            conn = self._conn_for_writes
-            assert conn is not None
-            self._statement(conn, "SAVEPOINT body")
-            try:
-                # The clock is read under the lock, so instants follow commit order.
-                yield _Tx(conn, rows.to_us(self._clock.now()), self._limit)
-            except BaseException:
-                with suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK TO body")
-                    conn.execute("RELEASE body")
-                raise
-            self._statement(conn, "RELEASE body")
-            group.members += 1
-        finally:
-            if group is not None and (self._queued == 0 or group.members >= _GROUP_LIMIT):
-                self._commit(group)
-            self._mutex.release()
-        group.committed.wait()
-        if group.error is not None:
-            raise group.error
-
-    def _statement(self, conn: sqlite3.Connection, sql: str) -> None:
-        try:
-            conn.execute(sql)
-        except sqlite3.OperationalError as exc:
-            raise errors.StoreUnavailable(
-                f"the SQLite store {self.path} could not write: {exc}."
-            ) from exc
-
-    def _join_group(self) -> _Group:
-        if self._group is not None:
-            return self._group
-        conn = self._acquire()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            self._release(conn)
-            raise errors.StoreUnavailable(
-                f"the SQLite store {self.path} could not be locked for writing: {exc}."
-            ) from exc
-        self._conn_for_writes = conn
-        self._group = _Group()
-        return self._group
-
-    def _commit(self, group: _Group) -> None:
-        conn = self._conn_for_writes
-        self._group, self._conn_for_writes = None, None
-        assert conn is not None
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            group.error = errors.StoreUnavailable(
-                f"the SQLite store {self.path} could not commit: {exc}."
-            )
-            # If even ROLLBACK fails, _release discards the connection.
-            with suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-        finally:
-            self._release(conn)
-            group.committed.set()
 
     # -- store ------------------------------------------------------------
 
@@ -363,11 +113,7 @@ class SqliteStore:
 
     def close(self) -> None:
         """Close every idle connection now and busy ones when they return. Idempotent."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        self._close_connections()
         self._wakeup.close()
 
     def now(self) -> datetime:
@@ -422,7 +168,7 @@ class SqliteStore:
             self.notify_ready()
         return found
 
-    def _create(self, tx: _Tx, new: port.NewRun) -> tuple[sqlite3.Row, bool]:
+    def _create(self, tx: sqlite_connection._Tx, new: port.NewRun) -> tuple[sqlite3.Row, bool]:
         created = tx.run("create_run", **vars(new)) == 1
         if created:
             tx.append(new.run_id, 1, [port.Mark("initialized")], 0, None)
@@ -434,14 +180,6 @@ class SqliteStore:
         if row is None:
             raise errors.InvalidInput(f"run id {new.run_id!r} is already taken")
         return row, created
-
-    def _fetch(self, query: str, **params: Any) -> list[sqlite3.Row]:
-        conn = self._acquire()
-        try:
-            # Reads need no transaction: in WAL mode each statement sees one snapshot.
-            return _execute(conn, query, params)[0]
-        finally:
-            self._release(conn)
 
     def get_run(self, run_id: str) -> port.Run | None:
         """Return the run, or None."""
@@ -510,7 +248,9 @@ class SqliteStore:
                 tx.conn.execute("RELEASE claim_one")
         return claimed
 
-    def _quarantine(self, tx: _Tx, candidate: sqlite3.Row, error: dict[str, Any]) -> None:
+    def _quarantine(
+        self, tx: sqlite_connection._Tx, candidate: sqlite3.Row, error: dict[str, Any]
+    ) -> None:
         row = tx.one("quarantine", run_id=candidate["run_id"], error=json.dumps(error))
         sequence = row["ledger_sequence"] if row is not None else None
         if isinstance(sequence, int) and sequence > 0:
@@ -524,7 +264,9 @@ class SqliteStore:
                 None,
             )
 
-    def _claim_one(self, tx: _Tx, candidate: sqlite3.Row, worker: str, lease: int) -> port.Claimed:
+    def _claim_one(
+        self, tx: sqlite_connection._Tx, candidate: sqlite3.Row, worker: str, lease: int
+    ) -> port.Claimed:
         recovered = rows.run(candidate).state == "running"
         row = tx.one("claim_run", run_id=candidate["run_id"], worker=worker, lease_expires_at=lease)
         assert row is not None  # the candidate was read under the same lock
@@ -557,7 +299,7 @@ class SqliteStore:
 
     def _claimed(
         self,
-        tx: _Tx,
+        tx: sqlite_connection._Tx,
         claim: port.Claim,
         query: str,
         entries: Sequence[port.JournalEntry],
@@ -635,7 +377,9 @@ class SqliteStore:
             self._put_entries(tx, claim.run_id, [recorded])
         return recorded
 
-    def _put_entries(self, tx: _Tx, run_id: str, entries: Sequence[port.JournalEntry]) -> None:
+    def _put_entries(
+        self, tx: sqlite_connection._Tx, run_id: str, entries: Sequence[port.JournalEntry]
+    ) -> None:
         for item in entries:
             rows.check_entry(item)
             if tx.run("journal_put", run_id=run_id, **vars(item)) == 0:
@@ -731,7 +475,7 @@ class SqliteStore:
 
     def _end(
         self,
-        tx: _Tx,
+        tx: sqlite_connection._Tx,
         run_id: str,
         parent_id: str | None,
         state: str,
@@ -756,7 +500,9 @@ class SqliteStore:
             return False
         return self._wake(tx, parent_id, "wake_on_wait", name=name)
 
-    def _wake(self, tx: _Tx, run_id: str, query: str = "wake", **params: Any) -> bool:
+    def _wake(
+        self, tx: sqlite_connection._Tx, run_id: str, query: str = "wake", **params: Any
+    ) -> bool:
         row = tx.one(query, run_id=run_id, **params)
         if row is None:
             return False
@@ -765,7 +511,7 @@ class SqliteStore:
 
     # -- waits, outcomes, channels ----------------------------------------
 
-    def _live(self, tx: _Tx, run_id: str) -> port.Run:
+    def _live(self, tx: sqlite_connection._Tx, run_id: str) -> port.Run:
         row = tx.one("run_by_id", run_id=run_id)
         if row is None:
             raise errors.RunNotFound(run_id)
