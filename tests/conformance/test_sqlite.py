@@ -8,6 +8,9 @@ from perdure.testing import conformance
 
 
 class TestSqliteStore(conformance.StoreConformance):
+    # Processes of one host wake each other through the store's wake-up sockets.
+    shared = True
+
     @pytest.fixture
     def factory(self, sqlite_url: str) -> conformance.StoreFactory:
         return conformance.url_factory(sqlite_url)
