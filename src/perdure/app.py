@@ -27,12 +27,14 @@ class App:
 
     The store is opened on first use, so importing a module that defines an
     app touches nothing. ``App()`` with no URL uses ``$PERDURE_STORE``, else
-    ``sqlite:///perdure.db``.
+    ``sqlite:///perdure.db``. A store object (another adapter, or a test
+    wrapper such as :class:`perdure.testing.faults.FaultyStore`) is used as
+    given.
     """
 
     def __init__(
         self,
-        store: str | None = None,
+        store: str | port.Store | None = None,
         name: str = "default",
         *,
         clock: port.Clock | None = None,
@@ -44,12 +46,14 @@ class App:
         if max_failures < 1:
             raise errors.InvalidInput(f"max_failures must be at least 1, got {max_failures}")
         self.name = name
-        self.url = store
+        # A store object (an adapter of your own, or a test wrapper) is used
+        # as given; a URL is opened on first use.
+        self.url = store if isinstance(store, str) or store is None else store.url
         self.clock = clock
         self.ledger_limit = ledger_limit
         self.max_failures = max_failures
         self._workflows: dict[str, worker_api.WorkflowDef] = {}
-        self._store: port.Store | None = None
+        self._store: port.Store | None = None if isinstance(store, str | None) else store
         self._client: client_api.Client | None = None
         self._lock = threading.Lock()
 
