@@ -471,6 +471,13 @@ class _Drive:
                     self.ex.acknowledge_cancel()
                     self._settle_cancel()
                     return
+                except errors.LeaseLost:
+                    raise
+                except Exception as exc:
+                    # The park did not happen: give the run back (with backoff)
+                    # rather than leave it running until its lease lapses.
+                    self._release(failed=True, why=f"could not park: {exc}")
+                    return
                 ctx.written(entries)
                 if done:
                     log.info(

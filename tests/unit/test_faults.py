@@ -52,3 +52,23 @@ def test_rules_fire_the_given_number_of_times() -> None:
         assert store.journal("a") == []
         with pytest.raises(ValueError, match="no operation"):
             store.fail("teleport", RuntimeError())
+
+
+def test_a_park_that_fails_releases_the_run_instead_of_leaving_it_running() -> None:
+    with faults.temporary_store() as inner:
+        store = faults.FaultyStore(inner)
+        app = perdure.App(store, name="parking")
+
+        @app.workflow()
+        def napper(ctx: perdure.Context) -> str:
+            ctx.sleep(0.2)
+            return "rested"
+
+        store.fail("park", perdure.StoreUnavailable("database is locked"), times=1)
+        handle = app.start(napper)
+        with app.worker(lease_ttl=30, heartbeat=5, poll_interval=0.1):
+            # Released with a 1 s backoff, not stuck until the 30 s lease lapses.
+            assert handle.result(timeout=15) == "rested"
+        kinds = [h.kind for h in app.history(handle.run_id)]
+        assert kinds.count("released") == 1
+        assert "recovered" not in kinds
