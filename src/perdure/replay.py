@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from perdure import effects, errors
+from perdure import effects, errors, validation
 from perdure.store import port
 
 
@@ -27,25 +27,11 @@ class Call:
         return f"{self.kind} {self.name!r}"
 
 
-def check_journal(run_id: str, entries: Sequence[port.JournalEntry]) -> None:
-    """Refuse a journal whose positions are not 1, 2, ... without gaps or repeats.
-
-    Raises:
-        errors.CorruptState: naming the run and the invariant.
-    """
-    for expected, entry in enumerate(entries, start=1):
-        if entry.position != expected:
-            kind = "journal_duplicate_position" if entry.position < expected else "journal_gap"
-            raise errors.CorruptState(
-                run_id, kind, f"expected position {expected}, found {entry.position}"
-            )
-
-
 class JournalCursor:
     """Walk a run's journal in step with its code."""
 
     def __init__(self, run_id: str, entries: Sequence[port.JournalEntry]) -> None:
-        check_journal(run_id, entries)
+        validation.positions(run_id, entries)
         self.run_id = run_id
         self._entries = list(entries)
         self._position = 0

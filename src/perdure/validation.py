@@ -62,13 +62,19 @@ def run(record: port.Run, *, max_failures: int) -> None:
     _json(rid, "run_error_json", record.error)
 
 
-def journal(run_id: str, entries: Sequence[port.JournalEntry]) -> None:
-    """Check positions 1..n without gaps or repeats, kinds, statuses and JSON."""
-    started_at: int | None = None
+def positions(run_id: str, entries: Sequence[port.JournalEntry]) -> None:
+    """Check that positions run 1, 2, ..., n without gaps or repeats."""
     for expected, entry in enumerate(entries, start=1):
         if entry.position != expected:
             kind = "journal_duplicate_position" if entry.position < expected else "journal_gap"
             raise _fail(run_id, kind, f"expected position {expected}, found {entry.position}")
+
+
+def journal(run_id: str, entries: Sequence[port.JournalEntry]) -> None:
+    """Check positions, kinds, statuses and JSON of a run's journal."""
+    positions(run_id, entries)
+    started_at: int | None = None
+    for expected, entry in enumerate(entries, start=1):
         if entry.kind not in JOURNAL_KINDS:
             raise _fail(run_id, "journal_kind", f"position {expected}: unknown kind {entry.kind!r}")
         if entry.status not in ENTRY_STATUSES:
