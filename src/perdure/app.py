@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
 from perdure import client as client_api
-from perdure import codec, context, effects, errors, records
+from perdure import codec, context, effects, errors, records, registry
 from perdure import worker as worker_api
 from perdure.store import DEFAULT_LEDGER_LIMIT, default_url, open_store, port
 
@@ -52,7 +52,7 @@ class App:
         self.clock = clock
         self.ledger_limit = ledger_limit
         self.max_failures = max_failures
-        self._workflows: dict[str, worker_api.WorkflowDef] = {}
+        self._workflows: dict[str, registry.WorkflowDef] = {}
         self._store: port.Store | None = None if isinstance(store, str | None) else store
         self._client: client_api.Client | None = None
         self._lock = threading.Lock()
@@ -106,7 +106,7 @@ class App:
             params.pop(first or "", None)
             positional = [p for p in inspect.signature(fn).parameters][1:]
             ordered = {p: params.get(p) for p in positional}
-            self._workflows[wf_name] = worker_api.WorkflowDef(
+            self._workflows[wf_name] = registry.WorkflowDef(
                 name=wf_name,
                 version=str(version),
                 fn=fn,
@@ -175,7 +175,7 @@ class App:
 
         return declare
 
-    def workflow_def(self, name: str) -> worker_api.WorkflowDef | None:
+    def workflow_def(self, name: str) -> registry.WorkflowDef | None:
         return self._workflows.get(name)
 
     def workflow_versions(self) -> list[tuple[str, str]]:
@@ -194,7 +194,7 @@ class App:
         return wf.name, wf.version, wf.returns
 
     @property
-    def workflows(self) -> dict[str, worker_api.WorkflowDef]:
+    def workflows(self) -> dict[str, registry.WorkflowDef]:
         return dict(self._workflows)
 
     # -- client calls ---------------------------------------------------------
@@ -216,7 +216,7 @@ class App:
         return self.client.start(name, version, args, kwargs, key=key, hint=hint)
 
     @staticmethod
-    def _check_arguments(wf: worker_api.WorkflowDef, args: Any, kwargs: dict[str, Any]) -> None:
+    def _check_arguments(wf: registry.WorkflowDef, args: Any, kwargs: dict[str, Any]) -> None:
         try:
             bound = inspect.signature(wf.fn).bind(None, *args, **kwargs)
         except TypeError as exc:

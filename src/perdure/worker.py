@@ -20,41 +20,16 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from perdure import codec, context, effects, errors, validation
+from perdure.registry import Registry, WorkflowDef
 from perdure.store import port
 
 log = logging.getLogger("perdure.worker")
-
-
-@dataclass(frozen=True)
-class WorkflowDef:
-    """A registered workflow."""
-
-    name: str
-    version: str
-    fn: Callable[..., Any]
-    is_async: bool
-    params: dict[str, Any]
-    returns: Any
-
-
-class Registry(Protocol):
-    """What the worker needs from the app."""
-
-    name: str
-    max_failures: int
-
-    def workflow_def(self, name: str) -> WorkflowDef | None: ...
-
-    def workflow_versions(self) -> list[tuple[str, str]]: ...
-
-    def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]: ...
 
 
 def validate_timing(lease_ttl: float, heartbeat: float) -> None:
@@ -219,8 +194,14 @@ class Worker:
         self._halt.set()
         if len(self._threads) > 2:
             self._threads[2].join(self.heartbeat + 1)
-        if self._loop is not None:
+        if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._loop.stop)
+            remaining = left()
+            self._threads[0].join(None if remaining is None else max(1.0, remaining))
+            # A loop left open is finalized at interpreter exit, after its
+            # sockets, and complains; one that still runs abandoned runs' coroutines stays.
+            if not self._threads[0].is_alive() and not self._active:
+                self._loop.close()
         if self._active:
             log.warning(
                 "worker %s stopped with %d runs in flight", self.worker_id, len(self._active)
