@@ -33,6 +33,7 @@ from perdure.errors import (
     WorkflowNotFound,
 )
 from perdure.records import Message, Provenance, Receipt, RunInfo, Wait
+from perdure.registry import Workflow
 from perdure.worker import Worker
 
 __version__ = "0.1.0"
@@ -75,6 +76,7 @@ __all__ = [
     "WaitStillOpen",
     "WaitTimedOut",
     "Worker",
+    "Workflow",
     "WorkflowNotFound",
     "idempotency_key",
 ]

@@ -6,12 +6,13 @@ import functools
 import inspect
 import re
 import threading
+import types
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar, cast, overload
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 from perdure import client as client_api
-from perdure import codec, context, effects, errors, records, registry
+from perdure import codec, context, effects, errors, registry
 from perdure import worker as worker_api
 from perdure.store import DEFAULT_LEDGER_LIMIT, default_url, open_store, port
 
@@ -20,6 +21,29 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+
+
+class _ClientCall(Generic[P, R]):
+    """An App attribute that is one of its client's calls, bound to ``app.client``.
+
+    The call is written once, on the Client; the App neither restates its
+    signature nor its async twin.
+    """
+
+    def __init__(self, call: Callable[Concatenate[client_api.Client, P], R]) -> None:
+        self._call = call
+        self.__doc__ = call.__doc__
+
+    @overload
+    def __get__(self, app: None, owner: type[App]) -> _ClientCall[P, R]: ...
+
+    @overload
+    def __get__(self, app: App, owner: type[App]) -> Callable[P, R]: ...
+
+    def __get__(self, app: App | None, owner: type[App]) -> _ClientCall[P, R] | Callable[P, R]:
+        if app is None:
+            return self
+        return cast(Callable[P, R], types.MethodType(self._call, app.client))
 
 
 class App:
@@ -79,7 +103,7 @@ class App:
     @property
     def client(self) -> client_api.Client:
         if self._client is None:
-            self._client = client_api.Client(self.store, self.name, ledger_limit=self.ledger_limit)
+            self._client = client_api.Client(self.store, self.name)
         return self._client
 
     def close(self) -> None:
@@ -92,10 +116,14 @@ class App:
 
     # -- registry -------------------------------------------------------------
 
-    def workflow(self, name: str | None = None, *, version: str = "1") -> Callable[[F], F]:
-        """Register a workflow function; its first parameter receives the Context."""
+    def workflow(self, name: str | None = None, *, version: str = "1") -> registry.Register:
+        """Register a workflow function; its first parameter receives the Context.
 
-        def register(fn: F) -> F:
+        Returns a :class:`~perdure.registry.Workflow` that stays callable as
+        the function and types ``app.start`` and its handle.
+        """
+
+        def register(fn: Callable[..., Any]) -> registry.Workflow[Any, Any]:
             wf_name = name or fn.__name__
             if not _NAME.match(wf_name):
                 raise errors.InvalidInput(f"workflow name {wf_name!r} must be a short identifier")
@@ -106,18 +134,20 @@ class App:
             params.pop(first or "", None)
             positional = [p for p in inspect.signature(fn).parameters][1:]
             ordered = {p: params.get(p) for p in positional}
+            is_async = inspect.iscoroutinefunction(fn)
             self._workflows[wf_name] = registry.WorkflowDef(
                 name=wf_name,
                 version=str(version),
                 fn=fn,
-                is_async=inspect.iscoroutinefunction(fn),
+                is_async=is_async,
                 params=ordered,
                 returns=codec.return_hint(fn),
             )
             fn.__perdure_workflow__ = wf_name  # type: ignore[attr-defined]
-            return fn
+            kind = registry.AsyncWorkflow if is_async else registry.SyncWorkflow
+            return kind(fn, wf_name, str(version))
 
-        return register
+        return cast(registry.Register, register)
 
     @overload
     def step(self, fn: F, /) -> F: ...
@@ -199,10 +229,32 @@ class App:
 
     # -- client calls ---------------------------------------------------------
 
+    @overload
     def start(
-        self, workflow: Any, /, *args: Any, key: str | None = None, **kwargs: Any
-    ) -> client_api.RunHandle:
-        """Start a run of ``workflow`` (a registered function or its name).
+        self, workflow: registry.Workflow[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> client_api.RunHandle[R]: ...
+
+    # With a key the arguments are checked when the call runs, not by type
+    # checkers: a ParamSpec admits no keyword of its own next to P.kwargs.
+    @overload
+    def start(
+        self, workflow: registry.Workflow[P, R], /, *args: Any, key: str | None, **kwargs: Any
+    ) -> client_api.RunHandle[R]: ...
+
+    @overload
+    def start(
+        self, workflow: str, /, *args: Any, key: str | None = None, **kwargs: Any
+    ) -> client_api.RunHandle[Any]: ...
+
+    def start(
+        self,
+        workflow: registry.Workflow[Any, Any] | str,
+        /,
+        *args: Any,
+        key: Any = None,
+        **kwargs: Any,
+    ) -> client_api.RunHandle[Any]:
+        """Start a run of ``workflow`` (a registered workflow or its name).
 
         The arguments are checked against the workflow's signature and type
         hints here, so a bad call is refused before anything is stored.
@@ -211,6 +263,8 @@ class App:
             errors.WorkflowNotFound: no such workflow is registered.
             errors.InvalidInput: the arguments do not fit the workflow.
         """
+        if key is not None and not isinstance(key, str):
+            raise errors.InvalidInput(f"a run key is a string, got {type(key).__name__}")
         name, version, hint = self.workflow_ref(workflow)
         self._check_arguments(self._workflows[name], args, kwargs)
         return self.client.start(name, version, args, kwargs, key=key, hint=hint)
@@ -230,71 +284,42 @@ class App:
                         f"argument {param!r} of workflow {wf.name}: {exc}"
                     ) from None
 
-    def handle(self, run_id: str) -> client_api.RunHandle:
-        """Return a handle on an existing run."""
+    def handle(self, run_id: str) -> client_api.RunHandle[Any]:
+        """Return a handle on an existing run (its result typed by the workflow's hint)."""
         info = self.client.get(run_id)
         wf = self._workflows.get(info.workflow)
         return self.client.handle(run_id, wf.returns if wf else None)
 
-    def get(self, run_id: str) -> records.RunInfo:
-        return self.client.get(run_id)
-
-    def runs(
-        self, state: str | None = None, workflow: str | None = None, limit: int = 100
-    ) -> list[records.RunInfo]:
-        return self.client.runs(state=state, workflow=workflow, limit=limit)
-
-    def signal(
-        self, run_id: str, name: str, payload: Any = None, signal_id: str | None = None
-    ) -> records.Receipt:
-        return self.client.signal(run_id, name, payload, signal_id)
-
-    def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
-        return self.client.send(run_id, channel, key, payload)
-
-    def waits(self, run_id: str | None = None) -> list[records.Wait]:
-        return self.client.waits(run_id)
-
-    def resume(self, run_id: str) -> bool:
-        return self.client.resume(run_id)
-
-    def cancel(self, run_id: str) -> bool:
-        return self.client.cancel(run_id)
-
-    def resolve(
-        self,
-        run_id: str,
-        step: str,
-        *,
-        output: Any = client_api._MISSING,
-        error: str | None = None,
-        note: str | None = None,
-    ) -> records.RunInfo:
-        return self.client.resolve(run_id, step, output=output, error=error, note=note)
-
-    def fork(self, run_id: str, from_step: str | None = None) -> client_api.RunHandle:
+    def fork(self, run_id: str, from_step: str | None = None) -> client_api.RunHandle[Any]:
         """Start a new run reusing ``run_id``'s journal up to ``from_step`` (see Client.fork)."""
         forked = self.client.fork(run_id, from_step)
         return self.handle(forked.run_id)
 
-    def children(self, run_id: str) -> dict[str, int]:
-        return self.client.children(run_id)
+    astart = client_api.athread(start)
+    ahandle = client_api.athread(handle)
+    afork = client_api.athread(fork)
 
-    def history(self, run_id: str) -> list[records.Provenance]:
-        return self.client.history(run_id)
-
-    astart = client_api._athread(start)
-    aget = client_api._athread(get)
-    aruns = client_api._athread(runs)
-    asignal = client_api._athread(signal)
-    asend = client_api._athread(send)
-    awaits = client_api._athread(waits)
-    aresume = client_api._athread(resume)
-    acancel = client_api._athread(cancel)
-    aresolve = client_api._athread(resolve)
-    achildren = client_api._athread(children)
-    afork = client_api._athread(fork)
-    ahistory = client_api._athread(history)
+    # The calls that need no workflow code are the client's, bound to the app's client.
+    get = _ClientCall(client_api.Client.get)
+    runs = _ClientCall(client_api.Client.runs)
+    signal = _ClientCall(client_api.Client.signal)
+    send = _ClientCall(client_api.Client.send)
+    waits = _ClientCall(client_api.Client.waits)
+    resume = _ClientCall(client_api.Client.resume)
+    cancel = _ClientCall(client_api.Client.cancel)
+    resolve = _ClientCall(client_api.Client.resolve)
+    children = _ClientCall(client_api.Client.children)
+    history = _ClientCall(client_api.Client.history)
+    aget = _ClientCall(client_api.Client.aget)
+    aruns = _ClientCall(client_api.Client.aruns)
+    asignal = _ClientCall(client_api.Client.asignal)
+    asend = _ClientCall(client_api.Client.asend)
+    awaits = _ClientCall(client_api.Client.awaits)
+    aresume = _ClientCall(client_api.Client.aresume)
+    acancel = _ClientCall(client_api.Client.acancel)
+    aresolve = _ClientCall(client_api.Client.aresolve)
+    achildren = _ClientCall(client_api.Client.achildren)
+    ahistory = _ClientCall(client_api.Client.ahistory)
 
     # -- workers --------------------------------------------------------------
 

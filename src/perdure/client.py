@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from perdure import codec, errors, records, validation
 from perdure.store import port
@@ -27,7 +27,7 @@ R = TypeVar("R")
 _MISSING: Any = object()
 
 
-def _athread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+def athread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     """Derive the async twin of a blocking call: the same call, off the event loop."""
 
     @functools.wraps(fn)
@@ -82,8 +82,8 @@ def receipt(outcome: port.Outcome) -> records.Receipt:
     )
 
 
-class RunHandle:
-    """A started run."""
+class RunHandle(Generic[R]):
+    """A started run whose result is an ``R``."""
 
     def __init__(
         self, client: Client, run_id: str, hint: Any = None, *, created: bool = True
@@ -104,16 +104,17 @@ class RunHandle:
     def info(self) -> records.RunInfo:
         return self._client.get(self.run_id)
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> R:
         """Wait for the run to end and return its result.
 
         Raises:
             errors.RunFailed: the run ended failed, canceled or needs_attention.
             errors.ResultTimeout: it did not end within ``timeout`` seconds.
         """
-        return self._client.result(self.run_id, timeout=timeout, hint=self._hint)
+        result: R = self._client.result(self.run_id, timeout=timeout, hint=self._hint)
+        return result
 
-    async def aresult(self, timeout: float | None = None) -> Any:
+    async def aresult(self, timeout: float | None = None) -> R:
         """Async form of ``result``."""
         return await asyncio.to_thread(self.result, timeout)
 
@@ -121,10 +122,9 @@ class RunHandle:
 class Client:
     """Start, inspect and steer an app's runs through its store."""
 
-    def __init__(self, store: port.Store, app: str, *, ledger_limit: int = 256) -> None:
+    def __init__(self, store: port.Store, app: str) -> None:
         self.store = store
         self.app = app
-        self.ledger_limit = ledger_limit
 
     # -- runs -----------------------------------------------------------------
 
@@ -137,7 +137,7 @@ class Client:
         *,
         key: str | None = None,
         hint: Any = None,
-    ) -> RunHandle:
+    ) -> RunHandle[Any]:
         """Create a run (or return the run already created under ``key``)."""
         if key is not None and (not key or len(key) > 512):
             raise errors.InvalidInput("a run key must be 1 to 512 characters")
@@ -152,10 +152,10 @@ class Client:
                 key=key,
             )
         )
-        return RunHandle(self, run.run_id, hint, created=created)
+        return RunHandle[Any](self, run.run_id, hint, created=created)
 
-    def handle(self, run_id: str, hint: Any = None) -> RunHandle:
-        return RunHandle(self, run_id, hint)
+    def handle(self, run_id: str, hint: Any = None) -> RunHandle[Any]:
+        return RunHandle[Any](self, run_id, hint)
 
     def _run(self, run_id: str) -> port.Run:
         run = self.store.get_run(run_id)
@@ -211,7 +211,7 @@ class Client:
             last = entries[-1].sequence if entries else 0
             if run.ledger_sequence <= last:
                 break
-        validation.ledger(run, entries, limit=self.ledger_limit)
+        validation.ledger(run, entries)
         return [
             records.Provenance(
                 e.sequence, e.kind, e.at, e.generation, e.worker, e.step, e.digest, e.note
@@ -422,7 +422,7 @@ class Client:
             )
         return self.get(run_id)
 
-    def fork(self, run_id: str, from_step: str | None = None) -> RunHandle:
+    def fork(self, run_id: str, from_step: str | None = None) -> RunHandle[Any]:
         """Start a new run of the same workflow and inputs that reuses the journal.
 
         The new run replays the old journal up to ``from_step`` (the step's
@@ -461,17 +461,17 @@ class Client:
             input=run.input,
         )
         self.store.create_run(new, journal[:cut])
-        return RunHandle(self, new.run_id)
+        return RunHandle[Any](self, new.run_id)
 
-    aget = _athread(get)
-    afork = _athread(fork)
-    aruns = _athread(runs)
-    aresult = _athread(result)
-    achildren = _athread(children)
-    ahistory = _athread(history)
-    asignal = _athread(signal)
-    asend = _athread(send)
-    awaits = _athread(waits)
-    aresume = _athread(resume)
-    acancel = _athread(cancel)
-    aresolve = _athread(resolve)
+    aget = athread(get)
+    afork = athread(fork)
+    aruns = athread(runs)
+    aresult = athread(result)
+    achildren = athread(children)
+    ahistory = athread(history)
+    asignal = athread(signal)
+    asend = athread(send)
+    awaits = athread(waits)
+    aresume = athread(resume)
+    acancel = athread(cancel)
+    aresolve = athread(resolve)

@@ -127,16 +127,19 @@ def _child_id(entry: port.JournalEntry) -> str:
     return str(data.get("run_id", "")) if isinstance(data, dict) else ""
 
 
-def ledger(record: port.Run, entries: Sequence[port.LedgerEntry], *, limit: int) -> None:
+def ledger(record: port.Run, entries: Sequence[port.LedgerEntry]) -> None:
     """Check the retained ledger against the run's sequence and the retention rule.
 
-    For a run at sequence S with retention N exactly min(S, N) receipts are
+    The retention N is the run's own ``ledger_limit``, stored with it, never
+    the reader's. For a run at sequence S exactly min(S, N) receipts are
     kept, numbered S-min(S,N)+1 .. S without gaps; when the ledger is whole
     (S <= N) the first is ``initialized``; generations never decrease. A run
     at sequence 0 with no receipts is the documented legacy shape.
     """
     rid = record.run_id
-    total = record.ledger_sequence
+    total, limit = record.ledger_sequence, record.ledger_limit
+    if limit < 1:
+        raise _fail(rid, "ledger_limit", f"the run keeps {limit} receipts; at least 1 is needed")
     if total == 0 and not entries:
         return
     if total > 0 and not entries:

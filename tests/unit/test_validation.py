@@ -165,11 +165,11 @@ def whole_ledger() -> list[port.LedgerEntry]:
 
 
 def test_sound_ledgers_pass() -> None:
-    validation.ledger(make_run(), whole_ledger(), limit=256)
-    # Only the newest two of three are kept with a limit of 2.
-    validation.ledger(make_run(), whole_ledger()[1:], limit=2)
+    validation.ledger(make_run(), whole_ledger())
+    # Only the newest two of three are kept by a run whose bound is 2.
+    validation.ledger(make_run(ledger_limit=2), whole_ledger()[1:])
     # The documented legacy shape: no sequence, no receipts.
-    validation.ledger(make_run(ledger_sequence=0), [], limit=256)
+    validation.ledger(make_run(ledger_sequence=0), [])
 
 
 @pytest.mark.parametrize(
@@ -178,6 +178,7 @@ def test_sound_ledgers_pass() -> None:
         ({}, [], 256, "ledger_empty"),
         ({}, whole_ledger()[:2], 256, "ledger_count"),
         ({}, whole_ledger(), 2, "ledger_count"),
+        ({}, whole_ledger(), 0, "ledger_limit"),
         ({"ledger_sequence": 0}, whole_ledger(), 256, "ledger_count"),
         ({}, [*whole_ledger()[:1], receipt(3), receipt(4)], 256, "ledger_sequence_gap"),
         ({}, [receipt(1, "claimed"), receipt(2), receipt(3)], 256, "ledger_first"),
@@ -198,4 +199,4 @@ def test_a_broken_ledger_is_refused(
     run_changes: dict[str, Any], entries: list[port.LedgerEntry], limit: int, invariant: str
 ) -> None:
     with refused(invariant):
-        validation.ledger(make_run(**run_changes), entries, limit=limit)
+        validation.ledger(make_run(**run_changes, ledger_limit=limit), entries)

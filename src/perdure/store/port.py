@@ -31,7 +31,8 @@ Rules every adapter keeps:
 * Every transition appends provenance receipts to the run's ledger in the same
   transaction: the ones named in each operation's docstring, plus the
   :class:`Mark` values the engine passes. The ledger numbers receipts from 1
-  without gaps and keeps only the newest ``ledger_limit`` of them.
+  without gaps and keeps only the newest of them: as many as the run's
+  ``ledger_limit``, which the store sets from its own bound when it creates the run.
 * An adapter refuses rows it cannot read (unknown state, malformed column) with
   :class:`errors.CorruptState`; it never guesses.
 * Ending a run (``finish`` in any terminal state but ``needs_attention``, a
@@ -150,6 +151,9 @@ class Run:
     ledger_sequence: int
     created_at: datetime
     updated_at: datetime
+    # The number of receipts the run keeps, fixed when it is created, so that
+    # a process with another bound neither trims nor reads it by its own.
+    ledger_limit: int = 256
 
 
 @dataclass(frozen=True)

@@ -106,10 +106,10 @@ class PostgresStore(postgres_connection.Connections):
         raise errors.StaleClaim(claim.run_id)
 
     def _append(self, cur: Cursor, receipts: Sequence[rows.Receipt]) -> None:
-        """Append numbered receipts, keeping only the newest ``ledger_limit`` of each run."""
+        """Append numbered receipts, keeping only the newest of each run (its ``ledger_limit``)."""
         if receipts:
             arrays = rows.arrays(receipts, rows.RECEIPT_ARRAYS)
-            self._exec(cur, "ledger_append", ledger_limit=self._ledger_limit, **arrays)
+            self._exec(cur, "ledger_append", **arrays)
 
     def _append_marks(
         self, cur: Cursor, claim: port.Claim, last: int, marks: Sequence[port.Mark]
@@ -239,7 +239,8 @@ class PostgresStore(postgres_connection.Connections):
         entries = rows.checked_entries(new.run_id, journal)
 
         def work(cur: Cursor) -> tuple[port.Run, bool]:
-            row = self._exec(cur, "create_run", **vars(new)).fetchone()
+            limit = self._ledger_limit
+            row = self._exec(cur, "create_run", ledger_limit=limit, **vars(new)).fetchone()
             if row is not None:
                 self._write_journal(cur, new.run_id, entries)
                 self._notify(cur, [new.app])
@@ -267,7 +268,13 @@ class PostgresStore(postgres_connection.Connections):
             self._fenced(cur, "fence_touch", claim, claim.canceling, receipts=0)
             if not children:
                 return []
-            created = self._exec(cur, "create_children", parent_id=claim.run_id, **arrays)
+            created = self._exec(
+                cur,
+                "create_children",
+                parent_id=claim.run_id,
+                ledger_limit=self._ledger_limit,
+                **arrays,
+            )
             apps = [r["app"] for r in created.fetchall()]
             if apps:
                 self._notify(cur, apps)
@@ -350,7 +357,6 @@ class PostgresStore(postgres_connection.Connections):
             "versions": [v for _, v in workflows],
             "lease_ttl": float(lease_ttl),
             "limit": limit,
-            "ledger_limit": self._ledger_limit,
         }
 
         def work(cur: Cursor) -> list[port.Claimed]:
@@ -463,7 +469,6 @@ class PostgresStore(postgres_connection.Connections):
             "reset": fence == "fence_step",
             "receipts": len(marks),
             "entries": len(entries),
-            "ledger_limit": self._ledger_limit,
             **rows.arrays(entries, rows.ENTRY_ARRAYS),
             "mark_kinds": [m.kind for m in marks],
             "mark_steps": [m.step for m in marks],

@@ -115,6 +115,7 @@ def run(row: Row) -> port.Run:
         ready_at=r.opt_instant("ready_at"),
         cancel_requested=r.flag("cancel_requested"),
         ledger_sequence=r.count("ledger_sequence"),
+        ledger_limit=r.count("ledger_limit"),
         created_at=r.instant("created_at"),
         updated_at=r.instant("updated_at"),
     )

@@ -169,7 +169,7 @@ class SqliteStore(sqlite_connection.Connections):
         return found
 
     def _create(self, tx: sqlite_connection._Tx, new: port.NewRun) -> tuple[sqlite3.Row, bool]:
-        created = tx.run("create_run", **vars(new)) == 1
+        created = tx.run("create_run", **vars(new), ledger_limit=tx.limit) == 1
         if created:
             tx.append(new.run_id, 1, [port.Mark("initialized")], 0, None)
             row = tx.one("run_by_id", run_id=new.run_id)

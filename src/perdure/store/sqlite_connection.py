@@ -119,7 +119,7 @@ class _Tx:
         generation: int,
         worker: str | None,
     ) -> None:
-        """Store ``marks`` as receipts numbered up to ``last``; keep the newest ``limit``."""
+        """Store ``marks`` as receipts numbered up to ``last``; keep the run's newest ones."""
         if not marks:
             return
         first = last - len(marks) + 1
@@ -128,8 +128,8 @@ class _Tx:
         fixed = {"run_id": run_id, "at": self.now, "generation": generation, "worker": worker}
         for i, mark in enumerate(marks):
             self.run("ledger_append", **vars(mark), **fixed, sequence=first + i)
-        if last > self.limit:
-            self.run("ledger_trim", run_id=run_id, upto=last - self.limit)
+        if last > 1:
+            self.run("ledger_trim", run_id=run_id, last=last)
 
 
 class Connections:

@@ -127,6 +127,7 @@ def run(row: sqlite3.Row) -> port.Run:
         ready_at=c.opt_time("ready_at"),
         cancel_requested=c.flag("cancel_requested"),
         ledger_sequence=c.integer("ledger_sequence"),
+        ledger_limit=c.integer("ledger_limit"),
         created_at=c.time("created_at"),
         updated_at=c.time("updated_at"),
     )

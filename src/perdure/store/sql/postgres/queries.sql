@@ -42,11 +42,11 @@ SELECT pg_notify('perdure_ready', app) FROM unnest(%(apps)s::text[]) AS app;
 WITH created AS (
     INSERT INTO perdure.runs (
         run_id, app, workflow, version, state, input, key, parent_id,
-        ledger_sequence, created_at, updated_at
+        ledger_sequence, ledger_limit, created_at, updated_at
     )
     VALUES (
         %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
-        %(parent_id)s, 1,
+        %(parent_id)s, 1, %(ledger_limit)s,
         coalesce(%(now)s::timestamptz, statement_timestamp()),
         coalesce(%(now)s::timestamptz, statement_timestamp())
     )
@@ -63,10 +63,10 @@ SELECT * FROM created;
 WITH created AS (
     INSERT INTO perdure.runs (
         run_id, app, workflow, version, state, input, key, parent_id,
-        ledger_sequence, created_at, updated_at
+        ledger_sequence, ledger_limit, created_at, updated_at
     )
     SELECT c.run_id, c.app, c.workflow, c.version, 'queued', c.input, c.key, %(parent_id)s,
-           1,
+           1, %(ledger_limit)s,
            coalesce(%(now)s::timestamptz, statement_timestamp()),
            coalesce(%(now)s::timestamptz, statement_timestamp())
     FROM unnest(
@@ -219,7 +219,7 @@ WITH wanted AS (
     FROM claimed
 ), trimmed AS (
     DELETE FROM perdure.ledger AS l USING claimed AS c
-    WHERE l.run_id = c.run_id AND l.sequence <= c.ledger_sequence - %(ledger_limit)s
+    WHERE l.run_id = c.run_id AND l.sequence <= c.ledger_sequence - c.ledger_limit
 )
 SELECT * FROM claimed ORDER BY updated_at, run_id;
 
@@ -249,7 +249,7 @@ WITH fence AS (
         updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
     WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
       AND (NOT cancel_requested OR %(canceling)s)
-    RETURNING run_id, ledger_sequence
+    RETURNING run_id, ledger_sequence, ledger_limit
 ), put AS (
     INSERT INTO perdure.journal (
         run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
@@ -280,10 +280,10 @@ WITH fence AS (
         %(mark_kinds)s::text[], %(mark_steps)s::text[], %(mark_digests)s::text[],
         %(mark_notes)s::text[]
     ) WITH ORDINALITY AS r(kind, step, digest, note, ord)
-    WHERE f.ledger_sequence - %(receipts)s + r.ord > f.ledger_sequence - %(ledger_limit)s
+    WHERE f.ledger_sequence - %(receipts)s + r.ord > f.ledger_sequence - f.ledger_limit
 ), trimmed AS (
     DELETE FROM perdure.ledger AS l USING fence AS f
-    WHERE l.run_id = f.run_id AND l.sequence <= f.ledger_sequence - %(ledger_limit)s
+    WHERE l.run_id = f.run_id AND l.sequence <= f.ledger_sequence - f.ledger_limit
 )
 SELECT f.ledger_sequence,
        CASE WHEN (SELECT count(*) FROM put) < %(entries)s
@@ -387,9 +387,9 @@ RETURNING position;
 
 -- name: ledger_append
 -- Receipts arrive numbered (the runs' ledger_sequence was raised by the same
--- transaction). Only the newest ledger_limit of each run are kept, counting
--- the new ones, so a transition with more receipts than the limit stores
--- only its last ones.
+-- transaction). Only the newest receipts of each run are kept, as many as
+-- the run's own ledger_limit, counting the new ones, so a transition with
+-- more receipts than the limit stores only its last ones.
 WITH receipt AS (
     SELECT * FROM unnest(
         %(run_ids)s::text[], %(sequences)s::bigint[], %(kinds)s::text[],
@@ -397,16 +397,18 @@ WITH receipt AS (
         %(digests)s::text[], %(notes)s::text[]
     ) AS r(run_id, sequence, kind, generation, worker, step, digest, note)
 ), newest AS (
-    SELECT run_id, max(sequence) AS last FROM receipt GROUP BY run_id
+    SELECT r.run_id, max(r.sequence) AS last, min(u.ledger_limit) AS keep
+    FROM receipt AS r JOIN perdure.runs AS u ON u.run_id = r.run_id
+    GROUP BY r.run_id
 ), trimmed AS (
     DELETE FROM perdure.ledger AS l USING newest AS n
-    WHERE l.run_id = n.run_id AND l.sequence <= n.last - %(ledger_limit)s
+    WHERE l.run_id = n.run_id AND l.sequence <= n.last - n.keep
 )
 INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
 SELECT r.run_id, r.sequence, r.kind, coalesce(%(now)s::timestamptz, statement_timestamp()),
        r.generation, r.worker, r.step, r.digest, r.note
 FROM receipt AS r JOIN newest AS n ON n.run_id = r.run_id
-WHERE r.sequence > n.last - %(ledger_limit)s;
+WHERE r.sequence > n.last - n.keep;
 
 -- name: waits_register
 -- Replaces the run's registrations. A wait registered again keeps its

@@ -20,11 +20,11 @@ INSERT INTO perdure_schema (version, applied_at) VALUES (:version, :now);
 -- Conflicts on run_id or on (app, key) store nothing; the caller reads back.
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, created_at, updated_at
+    ledger_sequence, ledger_limit, created_at, updated_at
 )
 VALUES (
     :run_id, :app, :workflow, :version, 'queued', :input, :key, :parent_id,
-    1, :now, :now
+    1, :ledger_limit, :now, :now
 )
 ON CONFLICT DO NOTHING;
 
@@ -85,7 +85,10 @@ INSERT INTO ledger (run_id, sequence, kind, at, generation, worker, step, digest
 VALUES (:run_id, :sequence, :kind, :at, :generation, :worker, :step, :digest, :note);
 
 -- name: ledger_trim
-DELETE FROM ledger WHERE run_id = :run_id AND sequence <= :upto;
+-- Each run keeps as many receipts as the bound it was created with.
+DELETE FROM ledger
+WHERE run_id = :run_id
+  AND sequence <= :last - (SELECT ledger_limit FROM runs WHERE run_id = :run_id);
 
 -- name: history
 -- Every stored receipt: trimming happens on append, and validation on read

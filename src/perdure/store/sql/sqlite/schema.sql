@@ -9,6 +9,7 @@ CREATE TABLE perdure_schema (
     applied_at INTEGER NOT NULL
 );
 
+-- ledger_limit: how many provenance receipts the run keeps, fixed when it is created.
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     app TEXT NOT NULL,
@@ -29,7 +30,8 @@ CREATE TABLE runs (
     ledger_sequence INTEGER NOT NULL DEFAULT 0,
     message_sequence INTEGER NOT NULL DEFAULT 0,
     created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
+    updated_at INTEGER NOT NULL,
+    ledger_limit INTEGER NOT NULL DEFAULT 256
 );
 
 -- Idempotent creation: one run per (app, key).

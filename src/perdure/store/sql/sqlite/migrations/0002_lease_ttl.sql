@@ -1,0 +1,3 @@
+-- 0002: no schema change.
+
+SELECT 1;
