@@ -6,7 +6,9 @@ The tree::
     ├── InvalidInput (+ ValueError)          invalid_input
     │   ├── LeaseTimingInvalid               lease_timing_invalid
     │   ├── InvalidPayload                   invalid_payload
-    │   └── InvalidStoreURL                  invalid_store_url
+    │   ├── InvalidStoreURL                  invalid_store_url
+    │   ├── ImportFailed                     import_failed     (MODULE:APP does not import)
+    │   └── AppNotFound                      app_not_found     (MODULE:APP names no App)
     ├── StoreError                           store_error
     │   ├── StoreUnavailable                 store_unavailable
     │   ├── SchemaTooNew                     schema_too_new
@@ -20,6 +22,8 @@ The tree::
     ├── WaitExpired                          wait_expired
     ├── WaitStillOpen                        wait_still_open
     ├── NotResolvable                        not_resolvable
+    ├── NotCanceled                          not_canceled
+    ├── DemoFailed                           demo_failed
     ├── WaitTimedOut                         wait_timeout      (raised in workflow code)
     ├── StepFailed                           step_failed       (raised in workflow code)
     ├── EffectFailed                         effect_failed     (raised by a step's author)
@@ -36,7 +40,8 @@ The tree::
 (running its ``finally`` blocks) and must not be swallowed by a bare
 ``except Exception``, so they derive from ``BaseException``.
 
-Codes that appear only in a run's recorded error (never raised as a class
+Every code the command line prints is one of these; a usage error prints
+``invalid_input``. Codes that appear only in a run's recorded error (never raised as a class
 here): ``effect_outcome_unknown``, ``poison_run``, ``workflow_failed``,
 ``resolved_failed``.
 """
@@ -46,10 +51,13 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "AppNotFound",
     "Canceled",
     "ChildFailed",
     "CorruptState",
+    "DemoFailed",
     "EffectFailed",
+    "ImportFailed",
     "Interrupt",
     "InvalidInput",
     "InvalidPayload",
@@ -57,6 +65,7 @@ __all__ = [
     "LeaseLost",
     "LeaseTimingInvalid",
     "NonDeterminism",
+    "NotCanceled",
     "NotResolvable",
     "PerdureError",
     "ResultTimeout",
@@ -116,6 +125,18 @@ class InvalidStoreURL(InvalidInput):
     """The store URL cannot be used."""
 
     code = "invalid_store_url"
+
+
+class ImportFailed(InvalidInput):
+    """The module named by MODULE:APP does not import."""
+
+    code = "import_failed"
+
+
+class AppNotFound(InvalidInput):
+    """MODULE:APP does not name a perdure.App."""
+
+    code = "app_not_found"
 
 
 class StoreError(PerdureError):
@@ -230,6 +251,18 @@ class NotResolvable(PerdureError):
     """The run is not stopped on this step."""
 
     code = "not_resolvable"
+
+
+class NotCanceled(PerdureError):
+    """The cancel took no effect: the run had already ended."""
+
+    code = "not_canceled"
+
+
+class DemoFailed(PerdureError):
+    """The embedded example did not end as it should."""
+
+    code = "demo_failed"
 
 
 class WaitTimedOut(PerdureError):

@@ -1,6 +1,9 @@
 """The ``perdure`` command line.
 
-Only ``worker`` and ``start`` import user code (``MODULE:APP``); every other
+One module per command group: ``workers`` (worker), ``runs`` (start, runs,
+show), ``signals`` (signal, send, waits, resume), ``operators`` (cancel,
+resolve, fork), ``migrate`` and ``demo``; ``common`` and ``output`` hold what
+they share. Only ``worker`` and ``start`` import user code (``MODULE:APP``); every other
 command works from the store alone, through a :class:`~perdure.client.Client`.
 Commands that take a run id find the run's app in the store, so ``--app`` is
 only needed to list runs or waits.
@@ -17,35 +20,11 @@ from __future__ import annotations
 
 import click
 
-from perdure.cli import admin, console, delivery, operations, plumbing, user_code
-
-# The public names of the module this package replaced, still importable from here.
-EXIT_OK = console.EXIT_OK
-EXIT_REFUSED = console.EXIT_REFUSED
-EXIT_BAD_INPUT = console.EXIT_BAD_INPUT
-EXIT_INTERNAL = console.EXIT_INTERNAL
-Fail = console.Fail
-JsonValue = plumbing.JsonValue
-worker = user_code.worker
-start = user_code.start
-runs = operations.runs
-show = operations.show
-signal = delivery.signal
-send = delivery.send
-waits = delivery.waits
-resume = delivery.resume
-cancel = operations.cancel
-resolve = operations.resolve
-fork = operations.fork
-migrate = admin.migrate
-demo = admin.demo
-
-
-# -- commands -------------------------------------------------------------------
+from perdure.cli import demo, migrate, operators, output, runs, signals, workers
 
 
 @click.group(
-    cls=console._Group,
+    cls=output.Group,
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="Exit status: 0 done, 1 refused, 2 bad input, 3 internal error.",
 )
@@ -55,19 +34,22 @@ def cli() -> None:
 
 
 # --help lists the commands in the order they are added.
-cli.add_command(worker)
-cli.add_command(start)
-cli.add_command(runs)
-cli.add_command(show)
-cli.add_command(signal)
-cli.add_command(send)
-cli.add_command(waits)
-cli.add_command(resume)
-cli.add_command(cancel)
-cli.add_command(resolve)
-cli.add_command(fork)
-cli.add_command(migrate)
-cli.add_command(demo)
+for command in (
+    workers.worker,
+    runs.start,
+    runs.runs,
+    runs.show,
+    signals.signal,
+    signals.send,
+    signals.waits,
+    signals.resume,
+    operators.cancel,
+    operators.resolve,
+    operators.fork,
+    migrate.migrate,
+    demo.demo,
+):
+    cli.add_command(command)
 
 
 def main() -> None:

@@ -1,27 +1,29 @@
-"""What the commands share: opening the store, the common options, JSON arguments."""
+"""What the commands share: the store, ``MODULE:APP``, the common options, JSON arguments."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
 
+from perdure import app as app_api
 from perdure import client as client_api
 from perdure import errors
-from perdure.cli import console
+from perdure.cli import output
 from perdure.store import default_url, open_store, port
-
-# -- plumbing -------------------------------------------------------------------
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.contextmanager
-def _opened(url: str | None) -> Iterator[port.Store]:
+def opened(url: str | None) -> Iterator[port.Store]:
     """Open (and migrate) the store, turning any failure into bad input."""
     url = url or default_url()
     try:
@@ -30,7 +32,7 @@ def _opened(url: str | None) -> Iterator[port.Store]:
         raise
     except Exception as exc:  # an adapter or driver error we do not know by name
         raise errors.StoreUnavailable(
-            f"cannot open the store {console._redact(url)}: {type(exc).__name__}: {exc}"
+            f"cannot open the store {output.redact(url)}: {type(exc).__name__}: {exc}"
         ) from exc
     try:
         yield store
@@ -38,7 +40,7 @@ def _opened(url: str | None) -> Iterator[port.Store]:
         store.close()
 
 
-def _client_for_run(store: port.Store, run_id: str) -> client_api.Client:
+def client_for_run(store: port.Store, run_id: str) -> client_api.Client:
     """Return a client scoped to the app the run belongs to."""
     run = store.get_run(run_id)
     if run is None:
@@ -46,25 +48,50 @@ def _client_for_run(store: port.Store, run_id: str) -> client_api.Client:
     return client_api.Client(store, run.app)
 
 
-def _handled(fn: F) -> F:
+def load_app(target: str) -> app_api.App:
+    """Import ``MODULE:APP`` (the current directory first on the path) and return the App."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise errors.InvalidInput(f"expected MODULE:APP (like shop:app), got {target!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # SyntaxError, ImportError, whatever its top level raised
+        raise errors.ImportFailed(
+            f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    found: Any = module
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise errors.AppNotFound(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(found, app_api.App):
+        raise errors.AppNotFound(f"{target} is a {type(found).__name__}, not a perdure.App")
+    return found
+
+
+def handled(fn: F) -> F:
     """Turn the engine's errors into exit codes for one command."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except console.Fail as known:
+        except output.Fail as known:
             known.as_json = bool(kwargs.get("as_json"))
             raise
         except errors.PerdureError as exc:
-            failed = console.Fail.of(exc)
+            failed = output.Fail(exc)
             failed.as_json = bool(kwargs.get("as_json"))
             raise failed from exc
 
     return wrapper  # type: ignore[return-value]
 
 
-def _common(fn: F) -> F:
+def options(fn: F) -> F:
     """Add ``--store`` and ``--json`` to a command and handle its errors."""
     fn = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")(
         fn
@@ -76,7 +103,7 @@ def _common(fn: F) -> F:
         default=None,
         help="Store URL (default: $PERDURE_STORE, else sqlite:///perdure.db).",
     )(fn)
-    return _handled(fn)
+    return handled(fn)
 
 
 class JsonValue(click.ParamType):  # type: ignore[type-arg]

@@ -1,4 +1,4 @@
-"""Delivering to waiting runs: ``signal``, ``send``, ``waits`` and ``resume``."""
+"""Signals and messages to waiting runs: ``signal``, ``send``, ``waits`` and ``resume``."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import click
 
 from perdure import client as client_api
 from perdure import errors, records
-from perdure.cli import console, plumbing
+from perdure.cli import common, output
 
 
-def _receipt_lines(receipt: records.Receipt) -> list[str]:
+def receipt_lines(receipt: records.Receipt) -> list[str]:
     return [
         f"wait     {receipt.wait_id}",
         f"outcome  {receipt.outcome}",
-        f"at       {console._when(receipt.at)}",
+        f"at       {output.when(receipt.at)}",
         f"signal   {receipt.signal_id or '-'}",
         f"digest   {receipt.payload_digest or '-'}",
     ]
@@ -26,7 +26,7 @@ def _receipt_lines(receipt: records.Receipt) -> list[str]:
 @click.argument("name")
 @click.option(
     "--payload",
-    type=plumbing.JsonValue(),
+    type=common.JsonValue(),
     default=None,
     metavar="JSON",
     help="The signal's payload (a JSON value).",
@@ -37,7 +37,7 @@ def _receipt_lines(receipt: records.Receipt) -> list[str]:
     metavar="ID",
     help="Deduplication id: a repeat returns the original receipt.",
 )
-@plumbing._common
+@common.options
 def signal(
     run_id: str,
     name: str,
@@ -51,19 +51,17 @@ def signal(
     Exits 1, printing the stored receipt, when the wait was already settled
     by another signal, a timeout or a cancel.
     """
-    with plumbing._opened(store_url) as store:
-        client = plumbing._client_for_run(store, run_id)
+    with common.opened(store_url) as store:
+        client = common.client_for_run(store, run_id)
         try:
             receipt = client.signal(run_id, name, payload, signal_id)
         except (errors.WaitSettled, errors.WaitExpired) as exc:
             stored: records.Receipt = exc.receipt
-            raise console.Fail.of(
-                exc, doc={"receipt": stored}, lines=_receipt_lines(stored)
-            ) from exc
+            raise output.Fail(exc, doc={"receipt": stored}, lines=receipt_lines(stored)) from exc
     if as_json:
-        console._emit_json(receipt)
+        output.emit_json(receipt)
     else:
-        console._echo_lines(_receipt_lines(receipt))
+        output.echo_lines(receipt_lines(receipt))
 
 
 @click.command()
@@ -72,12 +70,12 @@ def signal(
 @click.argument("key")
 @click.option(
     "--payload",
-    type=plumbing.JsonValue(),
+    type=common.JsonValue(),
     default=None,
     metavar="JSON",
     help="The message's payload (a JSON value).",
 )
-@plumbing._common
+@common.options
 def send(
     run_id: str, channel: str, key: str, payload: Any, store_url: str | None, as_json: bool
 ) -> None:
@@ -85,10 +83,10 @@ def send(
 
     A repeated KEY is not stored again: the first payload wins.
     """
-    with plumbing._opened(store_url) as store:
-        stored = plumbing._client_for_run(store, run_id).send(run_id, channel, key, payload)
+    with common.opened(store_url) as store:
+        stored = common.client_for_run(store, run_id).send(run_id, channel, key, payload)
     if as_json:
-        console._emit_json({"run_id": run_id, "channel": channel, "key": key, "stored": stored})
+        output.emit_json({"run_id": run_id, "channel": channel, "key": key, "stored": stored})
     elif stored:
         click.echo(f"message {key} stored on channel {channel} of run {run_id}")
     else:
@@ -108,42 +106,42 @@ def send(
     metavar="NAME",
     help="The app whose waits to list (ignored with --run).",
 )
-@plumbing._common
+@common.options
 def waits(run_id: str | None, app_name: str, store_url: str | None, as_json: bool) -> None:
     """List open waits.
 
     Waits whose deadline has passed are settled as timed out on the way.
     """
-    with plumbing._opened(store_url) as store:
+    with common.opened(store_url) as store:
         if run_id is not None:
-            client = plumbing._client_for_run(store, run_id)
+            client = common.client_for_run(store, run_id)
         else:
             client = client_api.Client(store, app_name)
         found = client.waits(run_id)
     if as_json:
-        console._emit_json(found)
+        output.emit_json(found)
     elif not found:
         click.echo("no open waits")
     else:
-        console._echo_lines(
-            console._table(
+        output.echo_lines(
+            output.table(
                 ["WAIT", "KIND", "DEADLINE"],
-                [[w.wait_id, w.kind, console._when(w.deadline)] for w in found],
+                [[w.wait_id, w.kind, output.when(w.deadline)] for w in found],
             )
         )
 
 
 @click.command()
 @click.argument("run_id")
-@plumbing._common
+@common.options
 def resume(run_id: str, store_url: str | None, as_json: bool) -> None:
     """Re-queue a waiting run whose waits all have outcomes."""
-    with plumbing._opened(store_url) as store:
-        client = plumbing._client_for_run(store, run_id)
+    with common.opened(store_url) as store:
+        client = common.client_for_run(store, run_id)
         requeued = client.resume(run_id)
         info = client.get(run_id)
     if as_json:
-        console._emit_json({"run_id": run_id, "requeued": requeued, "state": info.state})
+        output.emit_json({"run_id": run_id, "requeued": requeued, "state": info.state})
     elif requeued:
         click.echo(f"run {run_id} re-queued (now {info.state})")
     else:

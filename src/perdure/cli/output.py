@@ -1,6 +1,7 @@
 """Exit codes, failures and what the commands print: JSON or lines for people.
 
-A command ends early by raising :class:`Fail`; the group class :class:`_Group`
+A command ends early by raising an error of :mod:`perdure.errors`, or a
+:class:`Fail` that carries one with what to print; the group class :class:`Group`
 reports it (one line on stderr, maybe a document on stdout) and exits with its
 status, and turns usage errors and unexpected exceptions into the same shape.
 """
@@ -29,6 +30,7 @@ _REFUSED: tuple[type[errors.PerdureError], ...] = (
     errors.NotResolvable,
     errors.RunFailed,
     errors.ResultTimeout,
+    errors.NotCanceled,
 )
 
 EXIT_OK = 0
@@ -38,30 +40,33 @@ EXIT_INTERNAL = 3
 
 
 class Fail(Exception):
-    """End the command with a non-zero exit: one line on stderr, maybe a document on stdout."""
+    """End the command with a non-zero exit: one line on stderr, maybe a document on stdout.
+
+    The code printed is the error's, so every code the command line prints
+    is one of :mod:`perdure.errors`. Refusals exit 1, other errors 2, unless
+    ``status`` says otherwise.
+    """
 
     def __init__(
         self,
-        code: str,
-        message: str,
-        status: int,
+        error: errors.PerdureError,
         *,
+        status: int | None = None,
         doc: dict[str, Any] | None = None,
         lines: Sequence[str] = (),
     ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
+        super().__init__(str(error))
+        self.error = error
+        self.code = error.code
+        self.message = str(error)
+        refused = isinstance(error, _REFUSED)
+        self.status = (
+            status if status is not None else (EXIT_REFUSED if refused else EXIT_BAD_INPUT)
+        )
         self.doc = doc
         self.lines = list(lines)
-        self.label = "refused" if status == EXIT_REFUSED else "error"
+        self.label = "refused" if refused else "error"
         self.as_json = False
-
-    @classmethod
-    def of(cls, exc: errors.PerdureError, **extra: Any) -> Fail:
-        status = EXIT_REFUSED if isinstance(exc, _REFUSED) else EXIT_BAD_INPUT
-        return cls(exc.code, str(exc), status, **extra)
 
 
 # -- output -------------------------------------------------------------------
@@ -81,21 +86,21 @@ def _dumps(value: Any, *, indent: int | None = 2) -> str:
     return json.dumps(value, default=_default, indent=indent, ensure_ascii=False)
 
 
-def _emit_json(value: Any) -> None:
+def emit_json(value: Any) -> None:
     click.echo(_dumps(value))
 
 
-def _compact(value: Any) -> str:
+def compact(value: Any) -> str:
     return _dumps(value, indent=None)
 
 
-def _when(value: datetime | None) -> str:
+def when(value: datetime | None) -> str:
     if value is None:
         return "-"
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
@@ -106,12 +111,12 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
-def _echo_lines(lines: Sequence[str]) -> None:
+def echo_lines(lines: Sequence[str]) -> None:
     for line in lines:
         click.echo(line)
 
 
-def _why(error: dict[str, Any] | None) -> str:
+def why(error: dict[str, Any] | None) -> str:
     """Return ``code at step X: message`` for a run's recorded error."""
     if not error:
         return "-"
@@ -119,14 +124,14 @@ def _why(error: dict[str, Any] | None) -> str:
     return f"{error.get('code', '?')}{where}: {error.get('message', '')}"
 
 
-def _run_doc(info: records.RunInfo, app: str | None = None) -> dict[str, Any]:
+def run_doc(info: records.RunInfo, app: str | None = None) -> dict[str, Any]:
     doc = dataclasses.asdict(info)
     if app is not None:
         doc = {"run_id": info.run_id, "app": app, **{k: v for k, v in doc.items() if k != "run_id"}}
     return doc
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     """Return ``url`` without its password, for messages."""
     try:
         parts = urlsplit(url)
@@ -147,13 +152,13 @@ def _one_line(message: str) -> str:
 def _report(fail: Fail) -> None:
     if fail.as_json:
         key = "refused" if fail.status == EXIT_REFUSED else "error"
-        _emit_json({key: {"code": fail.code, "message": fail.message}, **(fail.doc or {})})
+        emit_json({key: {"code": fail.code, "message": fail.message}, **(fail.doc or {})})
     elif fail.lines:
-        _echo_lines(fail.lines)
+        echo_lines(fail.lines)
     click.echo(f"perdure: {fail.label}: [{fail.code}] {_one_line(fail.message)}", err=True)
 
 
-class _Group(click.Group):
+class Group(click.Group):
     """A group that reports every failure as one line and an exit code."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:

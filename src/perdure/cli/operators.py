@@ -1,0 +1,126 @@
+"""What an operator does to one run: ``cancel``, ``resolve`` and ``fork``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from perdure import errors
+from perdure.cli import common, output
+
+
+@click.command()
+@click.argument("run_id")
+@common.options
+def cancel(run_id: str, store_url: str | None, as_json: bool) -> None:
+    """Cancel a run and its descendants.
+
+    Queued and waiting runs end at once; a running one stops at its next step.
+    Exits 1 if the cancel took no effect (the run had already ended).
+    """
+    with common.opened(store_url) as store:
+        client = common.client_for_run(store, run_id)
+        took = client.cancel(run_id)
+        info = client.get(run_id)
+    doc = {
+        "run_id": run_id,
+        "canceled": took,
+        "state": info.state,
+        "cancel_requested": info.cancel_requested,
+    }
+    if not took:
+        raise output.Fail(
+            errors.NotCanceled(f"cancel of run {run_id} took no effect: it is {info.state}"),
+            doc=doc,
+        )
+    if as_json:
+        output.emit_json(doc)
+    elif info.state == "canceled":
+        click.echo(f"run {run_id} canceled")
+    elif info.state == "needs_attention":
+        click.echo(
+            f"run {run_id} canceled with an unsettled effect; it needs attention: "
+            f"{output.why(info.error)}"
+        )
+    else:
+        click.echo(f"cancel requested for run {run_id} ({info.state}); it stops at its next step")
+
+
+@click.command()
+@click.argument("run_id")
+@click.argument("step")
+@click.option(
+    "--output",
+    type=common.JsonValue(),
+    default=None,
+    metavar="JSON",
+    help="The step succeeded with this output (a JSON value); the run resumes.",
+)
+@click.option(
+    "--error",
+    "error_",
+    default=None,
+    metavar="MSG",
+    help="The step failed with this message; the run fails.",
+)
+@click.option("--note", default=None, metavar="TEXT", help="Why, for the provenance ledger.")
+@common.options
+def resolve(
+    run_id: str,
+    step: str,
+    output: Any,
+    error_: str | None,
+    note: str | None,
+    store_url: str | None,
+    as_json: bool,
+) -> None:
+    """Settle the ambiguous STEP of a needs_attention run."""
+    ctx = click.get_current_context()
+    given_output = ctx.get_parameter_source("output") == click.core.ParameterSource.COMMANDLINE
+    if given_output == (error_ is not None):
+        raise errors.InvalidInput("give exactly one of --output JSON or --error MSG")
+    with common.opened(store_url) as store:
+        client = common.client_for_run(store, run_id)
+        if given_output:
+            info = client.resolve(run_id, step, output=output, note=note)
+        else:
+            info = client.resolve(run_id, step, error=error_, note=note)
+    if as_json:
+        output.emit_json(output.run_doc(info, client.app))
+    elif given_output:
+        click.echo(f"step {step} of run {run_id} resolved as succeeded; the run is {info.state}")
+    else:
+        click.echo(f"step {step} of run {run_id} resolved as failed; the run is {info.state}")
+
+
+@click.command()
+@click.argument("run_id")
+@click.option(
+    "--from-step",
+    default=None,
+    metavar="STEP",
+    help="Re-execute from this step (its key, e.g. charge or charge#2); "
+    "default: from the first entry that did not succeed.",
+)
+@common.options
+def fork(run_id: str, from_step: str | None, store_url: str | None, as_json: bool) -> None:
+    """Start a new run of RUN_ID's workflow and inputs that reuses its journal.
+
+    The new run replays the recorded steps before the cut and executes from
+    there: the way to retry a failed run once its code is fixed.
+    """
+    with common.opened(store_url) as store:
+        client = common.client_for_run(store, run_id)
+        forked = client.fork(run_id, from_step)
+        reused = len(store.journal(forked.run_id))
+        info = client.get(forked.run_id)
+    if as_json:
+        output.emit_json(
+            {"forked_from": run_id, "reused_entries": reused, **output.run_doc(info, client.app)}
+        )
+    else:
+        click.echo(
+            f"run {forked.run_id} forked from {run_id}: {reused} journal entries reused, "
+            f"the run is {info.state}"
+        )

@@ -1,0 +1,208 @@
+"""Runs: ``start`` (imports MODULE:APP), ``runs`` and ``show`` (from the store alone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from perdure import client as client_api
+from perdure import errors
+from perdure.cli import common, output
+from perdure.store import port
+
+
+@click.command()
+@click.argument("target", metavar="MODULE:APP")
+@click.argument("workflow")
+@click.option(
+    "--args",
+    "args_",
+    type=common.JsonValue(list),
+    default=None,
+    metavar="JSON",
+    help="Positional arguments as a JSON array.",
+)
+@click.option(
+    "--kwargs",
+    "kwargs_",
+    type=common.JsonValue(dict),
+    default=None,
+    metavar="JSON",
+    help="Keyword arguments as a JSON object.",
+)
+@click.option("--key", default=None, help="Idempotency key: the same key returns the same run.")
+@click.option("--wait", is_flag=True, help="Wait for the run to end (a worker must be running).")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="S",
+    help="With --wait, give up after S seconds.",
+)
+@common.options
+def start(
+    target: str,
+    workflow: str,
+    args_: list[Any] | None,
+    kwargs_: dict[str, Any] | None,
+    key: str | None,
+    wait: bool,
+    timeout: float | None,
+    store_url: str | None,
+    as_json: bool,
+) -> None:
+    """Start a run of a workflow.
+
+    With --key, the run already started under that key is returned instead.
+    With --wait, exits 1 unless the run succeeds.
+    """
+    if timeout is not None and not wait:
+        raise errors.InvalidInput("--timeout only makes sense with --wait")
+    app = common.load_app(target)
+    if store_url:
+        app.use_store(store_url)
+    try:
+        handle = app.start(workflow, *(args_ or []), key=key, **(kwargs_ or {}))
+        info = app.get(handle.run_id)
+        if not wait:
+            if as_json:
+                output.emit_json(output.run_doc(info, app.name))
+            else:
+                click.echo(
+                    f"run {info.run_id} {info.state} "
+                    f"(workflow {info.workflow} v{info.version}, app {app.name})"
+                )
+            return
+        if not as_json:
+            click.echo(f"run {info.run_id} {info.state}; waiting for it to end")
+        try:
+            handle.result(timeout=timeout)
+        except (errors.RunFailed, errors.ResultTimeout) as exc:
+            info = app.get(handle.run_id)
+            raise output.Fail(
+                exc,
+                doc={"run": output.run_doc(info, app.name)},
+                lines=[f"run {info.run_id} is {info.state}: {output.why(info.error)}"]
+                if info.error
+                else [],
+            ) from exc
+        info = app.get(handle.run_id)
+        if as_json:
+            output.emit_json(output.run_doc(info, app.name))
+        else:
+            click.echo(f"run {info.run_id} succeeded: {output.compact(info.result)}")
+    finally:
+        app.close()
+
+
+@click.command()
+@click.option(
+    "--state", type=click.Choice(port.RUN_STATES), default=None, help="Only runs in this state."
+)
+@click.option("--workflow", default=None, metavar="NAME", help="Only runs of this workflow.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--app",
+    "app_name",
+    default="default",
+    show_default=True,
+    metavar="NAME",
+    help="The app whose runs to list.",
+)
+@common.options
+def runs(
+    state: str | None,
+    workflow: str | None,
+    limit: int,
+    app_name: str,
+    store_url: str | None,
+    as_json: bool,
+) -> None:
+    """List an app's runs, newest first.
+
+    Failed and needs_attention runs say why they stopped.
+    """
+    with common.opened(store_url) as store:
+        found = client_api.Client(store, app_name).runs(state=state, workflow=workflow, limit=limit)
+    if as_json:
+        output.emit_json([output.run_doc(info, app_name) for info in found])
+        return
+    if not found:
+        click.echo(f"no runs in app {app_name}" + (f" in state {state}" if state else ""))
+        return
+    lines = output.table(
+        ["RUN", "WORKFLOW", "VERSION", "STATE", "ATTEMPT", "UPDATED"],
+        [
+            [i.run_id, i.workflow, i.version, i.state, str(i.attempt), output.when(i.updated_at)]
+            for i in found
+        ],
+    )
+    click.echo(lines[0])
+    for info, line in zip(found, lines[1:], strict=True):
+        click.echo(line)
+        if info.error and info.state in ("failed", "needs_attention"):
+            click.echo(f"    {output.why(info.error)}")
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--history", is_flag=True, help="Also print the run's provenance ledger.")
+@common.options
+def show(run_id: str, history: bool, store_url: str | None, as_json: bool) -> None:
+    """Print a run (with --history, its provenance ledger)."""
+    with common.opened(store_url) as store:
+        client = common.client_for_run(store, run_id)
+        info = client.get(run_id)
+        children = client.children(run_id)
+        ledger = client.history(run_id) if history else None
+    if as_json:
+        doc = output.run_doc(info, client.app)
+        doc["children"] = children
+        if ledger is not None:
+            doc["history"] = ledger
+        output.emit_json(doc)
+        return
+    rows = [
+        ("run", info.run_id),
+        ("app", client.app),
+        ("workflow", f"{info.workflow} (version {info.version})"),
+        (
+            "state",
+            info.state + (" (cancel requested)" if info.cancel_requested and not info.done else ""),
+        ),
+        ("attempt", f"{info.attempt} (consecutive failures: {info.failures})"),
+        ("created", output.when(info.created_at)),
+        ("updated", output.when(info.updated_at)),
+        ("key", info.key or "-"),
+        ("parent", info.parent_id or "-"),
+    ]
+    if children:
+        rows.append(("children", ", ".join(f"{n} {s}" for s, n in sorted(children.items()))))
+    if info.state == "succeeded":
+        rows.append(("result", output.compact(info.result)))
+    if info.error:
+        rows.append(("error", output.why(info.error)))
+    width = max(len(k) for k, _ in rows)
+    for name, value in rows:
+        click.echo(f"{name.ljust(width)}  {value}")
+    if ledger is not None:
+        click.echo("")
+        output.echo_lines(
+            output.table(
+                ["SEQ", "AT", "KIND", "GEN", "WORKER", "STEP", "DIGEST", "NOTE"],
+                [
+                    [
+                        str(p.sequence),
+                        output.when(p.at),
+                        p.kind,
+                        str(p.generation),
+                        p.worker or "-",
+                        p.step or "-",
+                        (p.digest or "-")[:12],
+                        p.note or "",
+                    ]
+                    for p in ledger
+                ],
+            )
+        )
