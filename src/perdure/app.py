@@ -53,7 +53,9 @@ class App:
     app touches nothing. ``App()`` with no URL uses ``$PERDURE_STORE``, else
     ``sqlite:///perdure.db``. A store object (another adapter, or a test
     wrapper such as :class:`perdure.testing.faults.FaultyStore`) is used as
-    given.
+    given. ``ledger_limit`` is how many provenance receipts the runs this app
+    creates keep; it is stored with each run, so other processes keep and
+    check that run by the same bound.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class App:
 
     @property
     def client(self) -> client_api.Client:
+        """The app's client: the calls that need no workflow code."""
         if self._client is None:
             self._client = client_api.Client(self.store, self.name)
         return self._client
