@@ -48,6 +48,10 @@ log = logging.getLogger("perdure.keeper")
 
 LostHandler = Callable[[str, int, errors.LeaseLost], None]
 
+# Not ``-m perdure.keeper``: the package imports this module first, which runpy
+# warns about.
+_ENTRY = "import sys, perdure.keeper as k; sys.exit(k.serve(sys.stdin, sys.stdout))"
+
 
 def _claim_line(claim: port.Claim) -> dict[str, Any]:
     return {
@@ -92,7 +96,7 @@ class Keeper:
         """
         # The URL may carry a password: it travels on the pipe, never in argv.
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "perdure.keeper"],
+            [sys.executable, "-c", _ENTRY],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -291,7 +295,3 @@ def serve(stdin: IO[str], stdout: IO[str]) -> int:
     finally:
         store.close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(serve(sys.stdin, sys.stdout))
