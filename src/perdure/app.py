@@ -80,6 +80,7 @@ class App:
         self.max_failures = max_failures
         self._workflows: dict[str, registry.WorkflowDef] = {}
         self._store: port.Store | None = None if isinstance(store, str | None) else store
+        self._store_given = self._store is not None
         self._client: client_api.Client | None = None
         self._lock = threading.Lock()
 
@@ -335,6 +336,10 @@ class App:
     ) -> worker_api.Worker:
         """Return a Worker serving this app (``.run()``, ``.start()``/``.stop()``, or ``with``).
 
+        ``grace`` (seconds, default 30) bounds how long a stopping worker lets
+        in-flight steps finish; ``liveness="thread"`` renews leases from a
+        thread of this process instead of the keeper process.
+
         Raises:
             errors.LeaseTimingInvalid: (a ValueError) when ``heartbeat`` is not
                 below ``lease_ttl`` and at most a third of it.
@@ -342,8 +347,13 @@ class App:
         ttl = lease_ttl.total_seconds() if isinstance(lease_ttl, timedelta) else float(lease_ttl)
         beat = heartbeat.total_seconds() if isinstance(heartbeat, timedelta) else float(heartbeat)
         worker_api.validate_timing(ttl, beat)
+        store = self.store
+        # Another process can renew leases only on a store it can open the same
+        # way: from the URL, on the store's own clock.
+        if not self._store_given and self.clock is None:
+            options.setdefault("store_url", self.url or default_url())
         return worker_api.Worker(
-            self, self.store, concurrency=concurrency, lease_ttl=ttl, heartbeat=beat, **options
+            self, store, concurrency=concurrency, lease_ttl=ttl, heartbeat=beat, **options
         )
 
 

@@ -2,10 +2,12 @@
 
 One claim loop thread, one heartbeat thread, a thread pool for executions
 (``concurrency`` slots) and, when async workflows are registered, one event
-loop thread that runs their coroutines. A claimed run executes from the top
-of its code; replay returns recorded outcomes until the first unrecorded
-position. Recovery after a crash is this same path: the next claim of a run
-whose lease lapsed.
+loop thread that runs their coroutines. Leases are renewed by a companion
+process that a step holding the GIL cannot starve (:mod:`perdure.keeper`),
+or by the heartbeat thread where the store cannot be reopened from its URL.
+A claimed run executes from the top of its code; replay returns recorded
+outcomes until the first unrecorded position. Recovery after a crash is this
+same path: the next claim of a run whose lease lapsed.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from perdure import codec, context, effects, errors, validation
+from perdure import codec, context, effects, errors, keeper, validation
 from perdure.registry import Registry, WorkflowDef
 from perdure.store import port
 
@@ -65,6 +67,7 @@ class Execution:
         self._claim = claimed.claim
         self.claimed = claimed
         self.lost: errors.LeaseLost | None = None
+        self.context: context.Context | None = None
         self._lock = threading.Lock()
 
     @property
@@ -115,8 +118,15 @@ class Worker:
         poll_interval: float = 1.0,
         sweep_interval: float = 10.0,
         worker_id: str | None = None,
+        grace: float = 30.0,
+        liveness: Literal["process", "thread"] = "process",
+        store_url: str | None = None,
     ) -> None:
         validate_timing(lease_ttl, heartbeat)
+        if grace < 0:
+            raise errors.InvalidInput(f"grace must be at least 0 seconds, got {grace}")
+        if liveness not in ("process", "thread"):
+            raise errors.InvalidInput(f"liveness must be 'process' or 'thread', got {liveness!r}")
         if concurrency < 1:
             raise errors.InvalidInput(f"concurrency must be at least 1, got {concurrency}")
         if poll_interval <= 0:
@@ -133,10 +143,25 @@ class Worker:
         self.heartbeat = heartbeat
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
+        self.grace = grace
+        # The keeper reopens the store by URL; a store handed over as an object
+        # (a wrapper, an injected clock) can only be renewed from here.
+        self.liveness: Literal["process", "thread"] = (
+            "process" if liveness == "process" and store_url else "thread"
+        )
+        self._keeper: keeper.Keeper | None = None
+        if self.liveness == "process" and store_url:
+            self._keeper = keeper.Keeper(
+                store_url,
+                lease_ttl=lease_ttl,
+                heartbeat=heartbeat,
+                on_lost=self._lost,
+            )
         self._active: dict[str, Execution] = {}
         self._active_lock = threading.Lock()
         self._slot_freed = threading.Event()
         self._stop_event = threading.Event()
+        self._at_once = threading.Event()
         self._halt = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pool: ThreadPoolExecutor | None = None
@@ -158,6 +183,15 @@ class Worker:
         # Start listening for ready runs now, so no notification sent before the
         # first idle wait is missed.
         self.store.wait_ready(0)
+        if self._keeper is not None:
+            try:
+                self._keeper.start()
+            except OSError as exc:
+                log.warning(
+                    "worker %s: no lease keeper (%s); renewing from a thread", self.worker_id, exc
+                )
+                self._keeper = None
+                self.liveness = "thread"
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="perdure-run")
         self._loop = asyncio.new_event_loop()
         for target, name in (
@@ -171,8 +205,15 @@ class Worker:
         log.info("worker %s serving app %s", self.worker_id, self.registry.name)
         return self
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop claiming; let in-flight runs finish their step or release them; wait."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop claiming; let in-flight runs record their current step, then release them.
+
+        Leases stay renewed while in-flight steps finish. Waits up to
+        ``timeout`` seconds (``None``: as long as it takes) or until
+        :meth:`stop_now`; runs still in flight then are released at once and
+        named in the log, with any ``once`` effect whose outcome is now
+        unknown. Returns True when no run was left in flight.
+        """
         self._stop_event.set()
         self._slot_freed.set()
         with contextlib.suppress(Exception):
@@ -185,49 +226,109 @@ class Worker:
         if len(self._threads) > 1:
             self._threads[1].join(left())  # the claim loop
         if self._pool is not None:
-            self._pool.shutdown(wait=deadline is None, cancel_futures=True)
-            while deadline is not None and self._active and time.monotonic() < deadline:
-                self._slot_freed.wait(0.05)
-                self._slot_freed.clear()
-        # Runs still in flight past the deadline stop being renewed: their
-        # leases lapse and another worker takes them over.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        while self._active and not self._at_once.is_set():
+            wait = left()
+            if wait == 0.0:
+                break
+            self._slot_freed.wait(0.05 if wait is None else min(wait, 0.05))
+            self._slot_freed.clear()
+        abandoned = self._abandon()
         self._halt.set()
         if len(self._threads) > 2:
             self._threads[2].join(self.heartbeat + 1)
+        if self._keeper is not None:
+            self._keeper.close()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._loop.stop)
             remaining = left()
             self._threads[0].join(None if remaining is None else max(1.0, remaining))
             # A loop left open is finalized at interpreter exit, after its
             # sockets, and complains; one that still runs abandoned runs' coroutines stays.
-            if not self._threads[0].is_alive() and not self._active:
+            if not self._threads[0].is_alive() and not abandoned:
                 self._loop.close()
-        if self._active:
-            log.warning(
-                "worker %s stopped with %d runs in flight", self.worker_id, len(self._active)
-            )
         log.info("worker %s stopped", self.worker_id)
+        return not abandoned
 
-    def run(self) -> None:
-        """Serve until SIGINT or SIGTERM, then stop gracefully."""
+    def stop_now(self) -> None:
+        """Make a running or pending :meth:`stop` give up waiting for in-flight steps."""
+        self._at_once.set()
+        self._stop_event.set()
+        self._slot_freed.set()
+
+    def _abandon(self) -> list[str]:
+        """Release the runs still in flight; return their ids."""
+        with self._active_lock:
+            left = list(self._active.values())
+        for execution in left:
+            claim = execution.claim
+            ctx = execution.context
+            effect = ctx.unsettled_effect if ctx is not None else None
+            if effect is not None:
+                log.warning(
+                    "worker %s: run %s left in flight during the once step %s: its outcome is "
+                    "unknown, so the run will need attention (effect_outcome_unknown)",
+                    self.worker_id,
+                    claim.run_id,
+                    effect,
+                )
+            else:
+                log.warning(
+                    "worker %s: run %s left in flight; its current step did not record an "
+                    "outcome and will run again",
+                    self.worker_id,
+                    claim.run_id,
+                )
+            if execution.lost is None:
+                # Hand it over now rather than after the lease lapses.
+                with contextlib.suppress(Exception):
+                    self.store.release(claim, delay=0, failed=False)
+        return [execution.claim.run_id for execution in left]
+
+    def run(self) -> bool:
+        """Serve until SIGINT or SIGTERM, then stop gracefully (see :meth:`stop`).
+
+        The first signal stops claiming and gives in-flight steps up to
+        ``grace`` seconds to record their outcomes; a second one stops at
+        once. Returns True when no run was left in flight.
+        """
         previous = {}
+        received = 0
+
+        def handle(signum: int, frame: object) -> None:
+            nonlocal received
+            received += 1
+            name = signal.Signals(signum).name
+            if received == 1:
+                log.info(
+                    "worker %s: %s: finishing in-flight steps (up to %gs; again to stop at once)",
+                    self.worker_id,
+                    name,
+                    self.grace,
+                )
+                self._stop_event.set()
+            else:
+                log.warning("worker %s: %s again: stopping at once", self.worker_id, name)
+                self.stop_now()
+
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, lambda *_: self._stop_event.set())
+                previous[sig] = signal.signal(sig, handle)
         self.start()
         try:
             while not self._stop_event.wait(0.5):
                 pass
         finally:
-            self.stop(timeout=self.lease_ttl)
+            clean = self.stop(timeout=self.grace)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        return clean
 
     def __enter__(self) -> Worker:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop(timeout=self.lease_ttl)
+        self.stop(timeout=self.grace)
 
     # -- claiming -------------------------------------------------------------
 
@@ -282,6 +383,8 @@ class Worker:
         execution = Execution(self, claimed)
         with self._active_lock:
             self._active[claimed.claim.run_id] = execution
+        if self._keeper is not None:
+            self._keeper.hold(claimed.claim)
         assert self._pool is not None
         try:
             self._pool.submit(self._execute, execution)
@@ -289,26 +392,51 @@ class Worker:
             self._forget(execution)
 
     def _forget(self, execution: Execution) -> None:
+        claim = execution.claim
         with self._active_lock:
-            self._active.pop(execution.claim.run_id, None)
+            if self._active.get(claim.run_id) is execution:
+                del self._active[claim.run_id]
+        if self._keeper is not None:
+            self._keeper.drop(claim.run_id, claim.generation)
         self._slot_freed.set()
 
+    def _lost(self, run_id: str, generation: int, lost: errors.LeaseLost) -> None:
+        """Take the keeper's word that a renewal was refused."""
+        with self._active_lock:
+            execution = self._active.get(run_id)
+        if execution is not None and execution.claim.generation == generation:
+            log.info("run %s: lease renewal refused (%s)", run_id, lost.code)
+            execution.lost = lost
+
     def _heartbeat_loop(self) -> None:
+        warned = False
         while not self._halt.wait(self.heartbeat):
-            for execution in list(self._active.values()):
-                if execution.lost is not None:
-                    continue
-                try:
-                    execution.renewed(self.store.renew(execution.claim, lease_ttl=self.lease_ttl))
-                except errors.LeaseLost as lost:
-                    log.info(
-                        "run %s: lease renewal refused (%s)", execution.claim.run_id, lost.code
+            kept = self._keeper
+            if kept is not None and kept.ready.is_set() and kept.alive:
+                kept.beat()
+            else:
+                if kept is not None and kept.ready.is_set() and not warned:
+                    warned = True
+                    log.warning(
+                        "worker %s: the lease keeper exited; renewing from this process",
+                        self.worker_id,
                     )
-                    execution.lost = lost
-                except Exception as exc:
-                    log.warning("run %s: lease renewal failed: %s", execution.claim.run_id, exc)
+                # Also while the keeper is starting: it renews nothing yet.
+                self._renew_here()
             if self._stop_event.is_set() and not self._active:
                 return
+
+    def _renew_here(self) -> None:
+        for execution in list(self._active.values()):
+            if execution.lost is not None:
+                continue
+            try:
+                execution.renewed(self.store.renew(execution.claim, lease_ttl=self.lease_ttl))
+            except errors.LeaseLost as lost:
+                log.info("run %s: lease renewal refused (%s)", execution.claim.run_id, lost.code)
+                execution.lost = lost
+            except Exception as exc:
+                log.warning("run %s: lease renewal failed: %s", execution.claim.run_id, exc)
 
     # -- executing ------------------------------------------------------------
 
@@ -406,6 +534,7 @@ class _Drive:
                 journal=self.ex.claimed.journal,
                 outcomes=self.ex.claimed.outcomes,
             )
+            self.ex.context = self.ctx
             args, kwargs = self._inputs(wf)
         except errors.CorruptState as exc:
             self._finish(

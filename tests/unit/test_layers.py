@@ -40,7 +40,11 @@ LAYERS: list[dict[str, set[str]]] = [
     },
     {"steps": {"perdure.steps"}, "client": {"perdure.client"}},
     {"context": {"perdure.context"}},
-    {"execution": {"perdure.execution"}, "registry": {"perdure.registry"}},
+    {
+        "execution": {"perdure.execution"},
+        "registry": {"perdure.registry"},
+        "keeper": {"perdure.keeper"},
+    },
     {"worker": {"perdure.worker"}},
     {"app": {"perdure.app"}},
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},
@@ -56,10 +60,11 @@ SIDE: dict[str, set[str]] = {
     "adapter": {"base", "port", "rows", "adapter"},
     "store": {"base", "port", "rows", "adapter"},  # open_store: the one place naming adapters
 }
-# Who, besides the store side, may import it: open_store from the app up; the
-# adapters themselves only from the test kit.
+# Who, besides the store side, may import it: open_store from the app up (and
+# the lease keeper, a process of its own that opens its store); the adapters
+# themselves only from the test kit.
 SIDE_IMPORTERS: dict[str, set[str]] = {
-    "store": {"app", "demo", "testing", "cli", "web", "api"},
+    "store": {"keeper", "app", "demo", "testing", "cli", "web", "api"},
     "rows": {"testing"},
     "adapter": {"testing"},
 }
@@ -181,6 +186,9 @@ def test_imports_point_down(path: Path) -> None:
         ("store", "adapter", True),
         ("app", "store", True),
         ("client", "store", False),
+        ("keeper", "store", True),
+        ("worker", "keeper", True),
+        ("keeper", "worker", False),
     ],
 )
 def test_the_table_draws_the_arrows_of_the_conventions(

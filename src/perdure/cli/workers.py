@@ -34,16 +34,38 @@ from perdure.cli import common, output
     show_default=True,
     help="Seconds between lease renewals (at most lease-ttl / 3).",
 )
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds a stopping worker lets in-flight steps finish before it releases their runs.",
+)
+@click.option(
+    "--liveness",
+    type=click.Choice(["process", "thread"]),
+    default="process",
+    show_default=True,
+    help="Renew leases from a keeper process (a step holding the GIL cannot starve it) "
+    "or from a thread of the worker.",
+)
 @common.options
 def worker(
     target: str,
     concurrency: int,
     lease_ttl: float,
     heartbeat: float,
+    grace: float,
+    liveness: str,
     store_url: str | None,
     as_json: bool,
 ) -> None:
-    """Serve the app's runs until SIGINT or SIGTERM."""
+    """Serve the app's runs until SIGINT or SIGTERM.
+
+    The first signal stops claiming and lets in-flight steps record their
+    outcomes (up to --grace seconds); a second one stops at once. Exits 1
+    when it left a run in flight.
+    """
     app = common.load_app(target)
     if store_url:
         app.use_store(store_url)
@@ -53,7 +75,13 @@ def worker(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        served = app.worker(concurrency=concurrency, lease_ttl=lease_ttl, heartbeat=heartbeat)
+        served = app.worker(
+            concurrency=concurrency,
+            lease_ttl=lease_ttl,
+            heartbeat=heartbeat,
+            grace=grace,
+            liveness=liveness,
+        )
         about = {
             "worker_id": served.worker_id,
             "app": app.name,
@@ -63,6 +91,8 @@ def worker(
             "concurrency": concurrency,
             "lease_ttl": lease_ttl,
             "heartbeat": heartbeat,
+            "grace": grace,
+            "liveness": served.liveness,
         }
         if as_json:
             click.echo(output.compact(about))  # one line, so a supervisor can read it as it starts
@@ -73,6 +103,12 @@ def worker(
                 f"{about['store']} (workflows: {names}); Ctrl-C to stop"
             )
         sys.stdout.flush()
-        served.run()
+        clean = served.run()
+        if not clean:
+            # A step left in flight still runs in a thread that would hold the
+            # process open; its run was handed over, so nothing it does counts.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
     finally:
         app.close()
