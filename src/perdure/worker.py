@@ -241,12 +241,13 @@ class Worker:
             self._keeper.close()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._loop.stop)
-            remaining = left()
-            self._threads[0].join(None if remaining is None else max(1.0, remaining))
             # A loop left open is finalized at interpreter exit, after its
-            # sockets, and complains; one that still runs abandoned runs' coroutines stays.
-            if not self._threads[0].is_alive() and not abandoned:
-                self._loop.close()
+            # sockets, and complains. One still running an abandoned run's
+            # coroutine is left alone: that coroutine may never yield.
+            if not abandoned:
+                self._threads[0].join(5.0)
+                if not self._threads[0].is_alive():
+                    self._loop.close()
         log.info("worker %s stopped", self.worker_id)
         return not abandoned
 
