@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from perdure import codec, context, effects, errors, keeper, validation
+from perdure import clockwatch, codec, context, effects, errors, keeper, validation
 from perdure.store import port
 
 log = logging.getLogger("perdure.worker")
@@ -182,6 +182,11 @@ class Worker:
                 heartbeat=heartbeat,
                 on_lost=self._lost,
             )
+        # Lapsed runs are recovered only while the store's clock keeps pace
+        # with this process's monotonic clock (see perdure.clockwatch).
+        self._clock_watch = clockwatch.ClockWatch(
+            lease_ttl, sample_every=min(poll_interval, lease_ttl / 6)
+        )
         self._active: dict[str, Execution] = {}
         self._active_lock = threading.Lock()
         self._slot_freed = threading.Event()
@@ -354,6 +359,12 @@ class Worker:
     def _claim_loop(self) -> None:
         last_sweep = 0.0
         while not self._stop_event.is_set():
+            try:
+                self._watch_clock()
+            except Exception as exc:
+                # The claim below meets the same outage and says so; until a
+                # reading succeeds, claims are bounded by the last one.
+                log.debug("worker %s: cannot read the store's clock: %s", self.worker_id, exc)
             free = self.concurrency - len(self._active)
             if free <= 0:
                 self._slot_freed.wait(self.poll_interval)
@@ -369,6 +380,7 @@ class Worker:
                     self.registry.workflow_versions(),
                     lease_ttl=self.lease_ttl,
                     limit=free,
+                    recover_until=self._clock_watch.recover_until(time.monotonic()),
                 )
             except Exception as exc:
                 log.warning("worker %s: claim failed: %s", self.worker_id, exc)
@@ -378,6 +390,22 @@ class Worker:
                 self._dispatch(item)
             if not claimed:
                 self.store.wait_ready(self._idle_timeout())
+
+    def _watch_clock(self) -> None:
+        """Read the store's clock when due; warn when it stepped forward."""
+        if not self._clock_watch.wants_reading(time.monotonic()):
+            return
+        before = time.monotonic()
+        store_now = self.store.now()
+        step = self._clock_watch.observe(store_now, before, time.monotonic())
+        if step is not None:
+            log.warning(
+                "worker %s: the store's clock jumped %.1fs ahead of this host's monotonic "
+                "clock; recovering no lapsed runs for %gs, so live owners can renew",
+                self.worker_id,
+                step.gained,
+                step.distrust_for,
+            )
 
     def _idle_timeout(self) -> float:
         timeout = self.poll_interval

@@ -92,7 +92,7 @@ def test_migrate_is_idempotent_and_keeps_data(postgres_url: str) -> None:
         assert store.get_run("r1") == run
     finally:
         store.close()
-    assert _versions(postgres_url) == [1]
+    assert _versions(postgres_url) == [m.version for m in sqlfiles.migrations("postgres")]
 
 
 def test_tables_live_in_their_own_schema(postgres_url: str) -> None:
@@ -137,7 +137,7 @@ def test_two_processes_migrating_a_fresh_database_both_succeed(postgres_url: str
         child.join(timeout=30)
 
     assert outcomes == ["ok", "ok"]
-    assert _versions(postgres_url) == [1]
+    assert _versions(postgres_url) == [m.version for m in sqlfiles.migrations("postgres")]
 
 
 def test_a_newer_schema_is_refused(postgres_url: str) -> None:
@@ -146,14 +146,16 @@ def test_a_newer_schema_is_refused(postgres_url: str) -> None:
         store.migrate()
     finally:
         store.close()
+    latest = sqlfiles.migrations("postgres")[-1].version
+    newer = latest + 1
     with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute("INSERT INTO perdure.schema_version (version) VALUES (3)")
+        conn.execute("INSERT INTO perdure.schema_version (version) VALUES (%s)", (newer,))
 
     with pytest.raises(errors.SchemaTooNew) as refused:
         open_store(postgres_url)
 
-    latest = sqlfiles.migrations("postgres")[-1].version
     assert str(refused.value) == (
-        f"the store's schema is version 3 but this perdure knows up to {latest}; upgrade perdure"
+        f"the store's schema is version {newer} but this perdure knows up to {latest}; "
+        "upgrade perdure"
     )
-    assert _versions(postgres_url) == [1, 3]
+    assert _versions(postgres_url) == [*range(1, latest + 1), newer]

@@ -25,7 +25,10 @@ Rules every adapter keeps:
 * Time comes from the store's clock: the injected :class:`Clock` if one was
   given, else the store's own (the system clock for an embedded store, the
   database server's clock for a shared one, so that hosts never compare their
-  clocks). Deadlines and leases are absolute instants.
+  clocks). Deadlines and leases are absolute instants. That clock may step
+  (NTP, a resumed VM): a lease is never further ahead than its TTL (``sweep``
+  pulls it back), and a claim recovers lapsed runs only while the caller
+  trusts the clock (``claim``'s ``recover_until``).
 * Payloads, results, errors and inputs are JSON text. The store never parses
   them (except to compute nothing); the engine encodes and validates them.
 * Every transition appends provenance receipts to the run's ledger in the same
@@ -105,6 +108,10 @@ class SystemClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+
+RECOVER_ANY = datetime.max.replace(tzinfo=UTC)
+"""The ``recover_until`` that trusts the store's clock whatever it reads."""
 
 
 @dataclass(frozen=True)
@@ -375,6 +382,7 @@ class Store(Protocol):
         *,
         lease_ttl: float,
         limit: int = 1,
+        recover_until: datetime | None = RECOVER_ANY,
     ) -> list[Claimed]:
         """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed.
 
@@ -383,13 +391,23 @@ class Store(Protocol):
         (its worker is gone: the claim is a recovery, ``failures`` grows by one
         and the receipt is ``recovered``, else ``claimed``). Each claimed run
         becomes ``running`` under ``worker`` with ``generation + 1`` and a lease
-        of ``lease_ttl`` seconds. Two concurrent claims never return the same
-        run.
+        of ``lease_ttl`` seconds, and the run keeps ``lease_ttl`` (see
+        ``sweep``). Two concurrent claims never return the same run.
+
+        A lapsed ``running`` run is recovered only if the store's clock, read
+        by this claim's own transaction, is at or before ``recover_until``;
+        ``None`` recovers nothing (queued and due waiting runs are claimed as
+        always). A caller that watches the store's clock against a monotonic
+        one passes ``None`` while it distrusts the clock (it stepped forward,
+        so live leases look lapsed) and else its predicted store time plus a
+        tolerance, so that a step between its reading and this claim makes the
+        claim recover nothing. The default, :data:`RECOVER_ANY`, trusts the
+        store's clock.
         """
         ...
 
     def renew(self, claim: Claim, *, lease_ttl: float) -> Claim:
-        """Extend the lease to now + ``lease_ttl``.
+        """Extend the lease to now + ``lease_ttl`` (the run keeps ``lease_ttl``).
 
         Raises:
             errors.StaleClaim: another claim owns the run.
@@ -573,5 +591,12 @@ class Store(Protocol):
         wakes their runs, re-queues waiting runs whose ``ready_at`` passed, and
         deletes wait, outcome and message records whose run no longer exists
         or has ended.
+
+        Pulls the lease of every ``running`` run that is further ahead than
+        now + its lease TTL (the store's clock stepped back since the lease
+        was granted or renewed) back to now + that TTL, so a run whose worker
+        died lapses within one TTL of the next sweep, not when the clock
+        catches up. Live owners lose nothing: a renewal sets the same instant.
+        The run's generation, ledger and ``updated_at`` are untouched.
         """
         ...

@@ -337,8 +337,15 @@ class PostgresStore(postgres_connection.Connections):
         *,
         lease_ttl: float,
         limit: int = 1,
+        recover_until: datetime | None = port.RECOVER_ANY,
     ) -> list[port.Claimed]:
-        """Claim up to ``limit`` ready runs; a run whose rows fail validation is left untouched."""
+        """Claim up to ``limit`` ready runs; a run whose rows fail validation is left untouched.
+
+        Lapsed runs are recovered only if the statement's instant is at or
+        before ``recover_until`` (None: never).
+        """
+        if recover_until is not None and recover_until.tzinfo is None:
+            raise errors.InvalidInput("recover_until must be an aware datetime")
         if lease_ttl <= 0:
             raise errors.InvalidInput(f"lease_ttl must be positive, got {lease_ttl}")
         if limit < 1 or not workflows:
@@ -351,6 +358,7 @@ class PostgresStore(postgres_connection.Connections):
             "lease_ttl": float(lease_ttl),
             "limit": limit,
             "ledger_limit": self._ledger_limit,
+            "recover_until": recover_until,
         }
 
         def work(cur: Cursor) -> list[port.Claimed]:
@@ -756,9 +764,13 @@ class PostgresStore(postgres_connection.Connections):
         self._transact(work)
 
     def sweep(self) -> int:
-        """Time out expired waits, wake due runs and delete records of ended runs."""
+        """Time out expired waits, wake due runs and delete records of ended runs.
+
+        Also pulls leases further ahead than their TTL back to now + TTL.
+        """
 
         def work(cur: Cursor) -> int:
+            clamped = len(self._exec(cur, "sweep_clamp_leases").fetchall())
             expired = [r["run_id"] for r in self._exec(cur, "sweep_expired_runs")]
             timed_out = []
             if expired:
@@ -766,6 +778,7 @@ class PostgresStore(postgres_connection.Connections):
             woken = self._wake(cur, sorted({r["run_id"] for r in timed_out}))
             woken += self._wake(cur, [r["run_id"] for r in self._exec(cur, "sweep_due_runs")])
             orphans = self._exec(cur, "sweep_orphans").fetchone()
-            return len(timed_out) + len(woken) + (int(orphans["n"]) if orphans else 0)
+            found = len(timed_out) + len(woken) + (int(orphans["n"]) if orphans else 0)
+            return clamped + found
 
         return self._transact(work)

@@ -228,19 +228,28 @@ class SqliteStore(sqlite_connection.Connections):
         *,
         lease_ttl: float,
         limit: int = 1,
+        recover_until: datetime | None = port.RECOVER_ANY,
     ) -> list[port.Claimed]:
-        """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed."""
+        """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed.
+
+        Lapsed runs are recovered only if the transaction's instant is at or
+        before ``recover_until`` (None: never).
+        """
         ttl = _micros(lease_ttl, "lease_ttl", positive=True)
         if limit < 1 or not workflows:
             return []
         wanted = json.dumps([[name, version] for name, version in workflows])
+        bound = rows.opt_us(recover_until)
         claimed: list[port.Claimed] = []
         with self._write() as tx:
             lease = tx.now + ttl
-            for candidate in tx.rows("claim_candidates", app=app, workflows=wanted, limit=limit):
+            candidates = tx.rows(
+                "claim_candidates", app=app, workflows=wanted, limit=limit, recover_until=bound
+            )
+            for candidate in candidates:
                 tx.conn.execute("SAVEPOINT claim_one")
                 try:
-                    claimed.append(self._claim_one(tx, candidate, worker, lease))
+                    claimed.append(self._claim_one(tx, candidate, worker, lease, ttl))
                 except errors.CorruptState as exc:
                     tx.conn.execute("ROLLBACK TO claim_one")
                     error = {"code": exc.code, "message": str(exc), "invariant": exc.invariant}
@@ -265,10 +274,16 @@ class SqliteStore(sqlite_connection.Connections):
             )
 
     def _claim_one(
-        self, tx: sqlite_connection._Tx, candidate: sqlite3.Row, worker: str, lease: int
+        self, tx: sqlite_connection._Tx, candidate: sqlite3.Row, worker: str, lease: int, ttl: int
     ) -> port.Claimed:
         recovered = rows.run(candidate).state == "running"
-        row = tx.one("claim_run", run_id=candidate["run_id"], worker=worker, lease_expires_at=lease)
+        row = tx.one(
+            "claim_run",
+            run_id=candidate["run_id"],
+            worker=worker,
+            lease_expires_at=lease,
+            lease_ttl=ttl,
+        )
         assert row is not None  # the candidate was read under the same lock
         run = rows.run(row)
         journal = [rows.entry(r) for r in tx.rows("journal", run_id=run.run_id)]
@@ -283,7 +298,7 @@ class SqliteStore(sqlite_connection.Connections):
         ttl = _micros(lease_ttl, "lease_ttl", positive=True)
         with self._write() as tx:
             lease = tx.now + ttl
-            self._claimed(tx, claim, "renew", (), (), lease_expires_at=lease)
+            self._claimed(tx, claim, "renew", (), (), lease_expires_at=lease, lease_ttl=ttl)
         return dataclasses.replace(claim, lease_expires_at=rows.from_us(lease))
 
     def release(
@@ -680,9 +695,12 @@ class SqliteStore(sqlite_connection.Connections):
             self.notify_ready()
 
     def sweep(self) -> int:
-        """Time out expired waits, re-queue due waiting runs, drop records of ended runs."""
+        """Time out expired waits, re-queue due waiting runs, drop records of ended runs.
+
+        Also pulls leases further ahead than their TTL back to now + TTL.
+        """
         with self._write() as tx:
-            changed = tx.run("sweep_expire_waits")
+            changed = tx.run("sweep_expire_waits") + tx.run("sweep_clamp_leases")
             woken = tx.rows("sweep_wake_due")
             for row in woken:
                 receipt = [port.Mark("woken")]

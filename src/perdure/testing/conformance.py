@@ -2003,3 +2003,102 @@ class StoreConformance:
         result = store.wait_ready(0.05)
         assert isinstance(result, bool)
         assert time.monotonic() - began < 2.0
+
+    # == clock steps =======================================================
+
+    def _lapsed(self, store: port.Store, clock: clocks.FakeClock) -> port.Run:
+        """Return a running run whose lease (10 s) lapsed one second ago."""
+        run = start(store)
+        claim_run(store, run, lease_ttl=10)
+        clock.advance(11)
+        return run
+
+    def test_claim_with_recover_until_none_recovers_nothing(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        lapsed = self._lapsed(store, clock)
+        wanted = [(lapsed.workflow, "1")]
+        sleeper = start(store, workflow=lapsed.workflow)
+        [sleeping] = store.claim(APP, WORKER, wanted, lease_ttl=TTL, recover_until=None)
+        assert (sleeping.run.run_id, sleeping.recovered) == (sleeper.run_id, False)
+        assert store.park(sleeping.claim, [], [], wake_at=clock.now() + timedelta(seconds=1))
+        clock.advance(2)
+        fresh = start(store, workflow=lapsed.workflow)
+        before = get(store, lapsed.run_id)
+
+        got = store.claim(APP, OTHER_WORKER, wanted, lease_ttl=TTL, limit=5, recover_until=None)
+
+        # The due waiting run and the queued one are claimed as always; the
+        # lapsed one is left alone.
+        assert sorted(c.run.run_id for c in got) == sorted([sleeper.run_id, fresh.run_id])
+        assert not any(c.recovered for c in got)
+        assert get(store, lapsed.run_id) == before
+        assert kinds(store, lapsed.run_id) == ["initialized", "claimed"]
+
+    def test_claim_recovers_only_at_or_before_recover_until(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = self._lapsed(store, clock)
+        wanted = [(run.workflow, "1")]
+        before = get(store, run.run_id)
+        for bound in (clock.now() - timedelta(microseconds=1), clock.now() - timedelta(hours=1)):
+            assert store.claim(APP, OTHER_WORKER, wanted, lease_ttl=TTL, recover_until=bound) == []
+        assert get(store, run.run_id) == before
+
+        [at_bound] = store.claim(
+            APP, OTHER_WORKER, wanted, lease_ttl=TTL, recover_until=clock.now()
+        )
+        assert (at_bound.recovered, at_bound.claim.generation) == (True, 2)
+
+        clock.advance(TTL + 1)
+        later = clock.now() + timedelta(seconds=5)
+        [again] = store.claim(APP, WORKER, wanted, lease_ttl=TTL, recover_until=later)
+        assert (again.recovered, again.claim.generation, again.run.failures) == (True, 3, 2)
+        assert kinds(store, run.run_id) == ["initialized", "claimed", "recovered", "recovered"]
+
+    def test_sweep_pulls_a_lease_back_to_now_plus_its_ttl(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        claimed = claim_run(store, run, lease_ttl=10)
+        clock.step(-3600)  # the host's clock is set back an hour
+        wanted = [(run.workflow, "1")]
+        assert store.sweep() == 1
+        held = get(store, run.run_id)
+        assert held.lease_expires_at == clock.now() + timedelta(seconds=10)
+        assert (held.generation, held.ledger_sequence, held.updated_at) == (
+            claimed.run.generation,
+            claimed.run.ledger_sequence,
+            claimed.run.updated_at,
+        )
+        assert store.sweep() == 0
+        clock.advance(9)
+        assert store.claim(APP, OTHER_WORKER, wanted, lease_ttl=TTL) == []
+        clock.advance(1)
+        [recovered] = store.claim(APP, OTHER_WORKER, wanted, lease_ttl=TTL)
+        assert (recovered.run.run_id, recovered.recovered) == (run.run_id, True)
+
+    def test_sweep_keeps_leases_within_their_ttl(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        claim = claim_run(store, run, lease_ttl=10).claim
+        clock.advance(4)
+        assert store.sweep() == 0
+        assert get(store, run.run_id).lease_expires_at == claim.lease_expires_at
+        # A live owner that renews after the step back is not touched either.
+        clock.step(-3600)
+        renewed = store.renew(claim, lease_ttl=10)
+        assert renewed.lease_expires_at == clock.now() + timedelta(seconds=10)
+        assert store.sweep() == 0
+        assert get(store, run.run_id).lease_expires_at == renewed.lease_expires_at
+
+    def test_sweep_clamps_to_the_ttl_of_the_latest_renewal(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        claim = claim_run(store, run, lease_ttl=10).claim
+        store.renew(claim, lease_ttl=20)
+        clock.step(-3600)
+        assert store.sweep() == 1
+        assert get(store, run.run_id).lease_expires_at == clock.now() + timedelta(seconds=20)

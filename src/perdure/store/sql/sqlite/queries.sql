@@ -125,6 +125,8 @@ due(run_id, state, due_at, created_at) AS (
     SELECT * FROM (
         SELECT run_id, state, lease_expires_at, created_at FROM runs
         WHERE app = :app AND state = 'running' AND lease_expires_at <= :now
+          -- A lapse counts only while the caller trusts this clock (NULL: never).
+          AND :now <= :recover_until
           AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY lease_expires_at LIMIT :limit
     )
@@ -157,6 +159,7 @@ UPDATE runs SET
     state = 'running',
     worker = :worker,
     lease_expires_at = :lease_expires_at,
+    lease_ttl = :lease_ttl,
     ready_at = NULL,
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
@@ -167,7 +170,7 @@ RETURNING *;
 SELECT generation, state, cancel_requested FROM runs WHERE run_id = :run_id;
 
 -- name: renew
-UPDATE runs SET lease_expires_at = :lease_expires_at
+UPDATE runs SET lease_expires_at = :lease_expires_at, lease_ttl = :lease_ttl
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
 RETURNING ledger_sequence;
@@ -416,6 +419,12 @@ UPDATE runs SET
     updated_at = :now
 WHERE state = 'waiting' AND ready_at <= :now
 RETURNING run_id, generation, ledger_sequence;
+
+-- name: sweep_clamp_leases
+-- A lease is never further ahead than its TTL: after the clock stepped back,
+-- a dead worker's run lapses one TTL from now, not when the clock catches up.
+UPDATE runs SET lease_expires_at = :now + lease_ttl
+WHERE state = 'running' AND lease_expires_at > :now + lease_ttl;
 
 -- name: sweep_orphan_waits
 -- Records of runs that are gone or have ended. A run that needs attention (or
