@@ -192,6 +192,7 @@ class Worker:
         self._slot_freed = threading.Event()
         self._stop_event = threading.Event()
         self._at_once = threading.Event()
+        self._signals = 0  # SIGINT/SIGTERM received by run()
         self._halt = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pool: ThreadPoolExecutor | None = None
@@ -258,6 +259,9 @@ class Worker:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         while self._active and not self._at_once.is_set():
+            if self._signals > 1:
+                log.warning("worker %s: signaled again: stopping at once", self.worker_id)
+                break
             wait = left()
             if wait == 0.0:
                 break
@@ -317,31 +321,27 @@ class Worker:
         once. Returns True when no run was left in flight.
         """
         previous = {}
-        received = 0
 
         def handle(signum: int, frame: object) -> None:
-            nonlocal received
-            received += 1
-            name = signal.Signals(signum).name
-            if received == 1:
-                log.info(
-                    "worker %s: %s: finishing in-flight steps (up to %gs; again to stop at once)",
-                    self.worker_id,
-                    name,
-                    self.grace,
-                )
-                self._stop_event.set()
-            else:
-                log.warning("worker %s: %s again: stopping at once", self.worker_id, name)
-                self.stop_now()
+            # Only a counter: the handler runs between two bytecodes of the
+            # main thread, which may hold the very lock an Event.set() or a
+            # log write would take.
+            self._signals += 1
 
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, handle)
         self.start()
         try:
-            while not self._stop_event.wait(0.5):
-                pass
+            while not self._signals and not self._stop_event.is_set():
+                time.sleep(0.1)
+            if self._signals:
+                log.info(
+                    "worker %s: stopping: finishing in-flight steps (up to %gs; "
+                    "signal again to stop at once)",
+                    self.worker_id,
+                    self.grace,
+                )
         finally:
             clean = self.stop(timeout=self.grace)
             for sig, handler in previous.items():
