@@ -33,6 +33,10 @@ from perdure.store import port
 
 log = logging.getLogger("perdure.worker")
 
+# How long a worker waits for its lease keeper to open the store before it
+# renews from its own heartbeat thread instead.
+_KEEPER_START = 30.0
+
 
 @dataclass(frozen=True)
 class WorkflowDef:
@@ -356,7 +360,31 @@ class Worker:
 
     # -- claiming -------------------------------------------------------------
 
+    def _await_keeper(self) -> None:
+        """Claim nothing until the keeper renews.
+
+        A step holding the GIL from the first claim on would otherwise starve
+        the only other renewer, the heartbeat thread.
+        """
+        kept = self._keeper
+        if kept is None:
+            return
+        deadline = time.monotonic() + _KEEPER_START
+        while not kept.ready.wait(0.05):
+            if self._stop_event.is_set():
+                return
+            if not kept.alive or time.monotonic() > deadline:
+                log.warning(
+                    "worker %s: the lease keeper did not start; renewing from this process",
+                    self.worker_id,
+                )
+                self._keeper = None
+                self.liveness = "thread"
+                kept.close()
+                return
+
     def _claim_loop(self) -> None:
+        self._await_keeper()
         last_sweep = 0.0
         while not self._stop_event.is_set():
             try:
