@@ -466,8 +466,9 @@ class Client:
             raise errors.RunNotFinished(
                 run_id,
                 state,
-                f"run {run_id} is still {state}, so a fork could repeat the step it is "
-                "executing; wait until it ends, or fork from an earlier step explicitly "
+                f"run {run_id} is still {state}, so a fork could repeat a step the run is "
+                "running or about to run; wait until it ends, or fork from an earlier step "
+                "explicitly "
                 "(from_step=... with live=True; perdure fork --from-step STEP --live)",
             )
         if from_step is None:

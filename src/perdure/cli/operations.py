@@ -84,7 +84,12 @@ def show(run_id: str, history: bool, store_url: str | None, as_json: bool) -> No
         ("workflow", f"{info.workflow} (version {info.version})"),
         (
             "state",
-            info.state + (" (cancel requested)" if info.cancel_requested and not info.done else ""),
+            info.state
+            + (
+                " (cancel requested)"
+                if info.cancel_requested and (not info.done or info.state == "needs_attention")
+                else ""
+            ),
         ),
         ("attempt", f"{info.attempt} (consecutive failures: {info.failures})"),
         ("created", console._when(info.created_at)),
