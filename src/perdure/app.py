@@ -211,6 +211,8 @@ class App:
         Raises:
             errors.WorkflowNotFound: no such workflow is registered.
             errors.InvalidInput: the arguments do not fit the workflow.
+            errors.KeyConflict: ``key`` names a run of another workflow or with
+                other arguments.
         """
         name, version, hint = self.workflow_ref(workflow)
         self._check_arguments(self._workflows[name], args, kwargs)
@@ -273,9 +275,11 @@ class App:
     ) -> records.RunInfo:
         return self.client.resolve(run_id, step, output=output, error=error, note=note)
 
-    def fork(self, run_id: str, from_step: str | None = None) -> client_api.RunHandle:
+    def fork(
+        self, run_id: str, from_step: str | None = None, *, live: bool = False
+    ) -> client_api.RunHandle:
         """Start a new run reusing ``run_id``'s journal up to ``from_step`` (see Client.fork)."""
-        forked = self.client.fork(run_id, from_step)
+        forked = self.client.fork(run_id, from_step, live=live)
         return self.handle(forked.run_id)
 
     def children(self, run_id: str) -> dict[str, int]:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
-from perdure import codec, errors, records, validation
+from perdure import codec, context, errors, records, validation
 from perdure.store import port
 
 P = ParamSpec("P")
@@ -138,20 +138,29 @@ class Client:
         key: str | None = None,
         hint: Any = None,
     ) -> RunHandle:
-        """Create a run (or return the run already created under ``key``)."""
+        """Create a run (or return the run already created under ``key``).
+
+        A key names one start: the same workflow with the same inputs. Its
+        version may differ, so a start repeated across a deploy stays idempotent.
+
+        Raises:
+            errors.KeyConflict: ``key`` names a run of another workflow or with
+                other inputs.
+        """
         if key is not None and (not key or len(key) > 512):
             raise errors.InvalidInput("a run key must be 1 to 512 characters")
         text = codec.encode({"args": list(args), "kwargs": kwargs or {}})
-        run, created = self.store.create_run(
-            port.NewRun(
-                run_id=uuid.uuid4().hex,
-                app=self.app,
-                workflow=workflow,
-                version=version,
-                input=text,
-                key=key,
-            )
+        new = port.NewRun(
+            run_id=uuid.uuid4().hex,
+            app=self.app,
+            workflow=workflow,
+            version=version,
+            input=text,
+            key=key,
         )
+        run, created = self.store.create_run(new)
+        if not created and not port.same_start(run, new):
+            raise errors.KeyConflict(str(key), run, workflow)
         return RunHandle(self, run.run_id, hint, created=created)
 
     def handle(self, run_id: str, hint: Any = None) -> RunHandle:
@@ -422,7 +431,7 @@ class Client:
             )
         return self.get(run_id)
 
-    def fork(self, run_id: str, from_step: str | None = None) -> RunHandle:
+    def fork(self, run_id: str, from_step: str | None = None, *, live: bool = False) -> RunHandle:
         """Start a new run of the same workflow and inputs that reuses the journal.
 
         The new run replays the old journal up to ``from_step`` (the step's
@@ -430,19 +439,83 @@ class Client:
         entry that did not succeed, and executes from there: the way to retry
         a failed run after a fix.
 
+        A fork never runs a ``once`` effect again unless the caller names the
+        step to run again from: a run that is still live (queued, running or
+        waiting) is forked only from an explicit ``from_step`` before the step
+        it is executing, with ``live=True``; a run stopped on an ambiguous
+        ``once`` step is forked by default only once that step is resolved.
+
         Raises:
             errors.InvalidInput: the run's journal has no such step.
+            errors.RunNotFinished: the run is live, and ``from_step`` or
+                ``live=True`` is missing or the fork point is not before its
+                in-flight step.
+            errors.EffectUnsettled: the fork would run, or copy, a ``once``
+                step whose effect started and whose outcome is unknown.
         """
         run = self._run(run_id)
         journal = self.store.journal(run_id)
         validation.journal(run_id, journal)
+        # A resolve between the two reads makes the run live again: judge by both.
+        state = next(
+            (r.state for r in (run, self._run(run_id)) if r.state not in port.TERMINAL_STATES),
+            run.state,
+        )
+        live_now = state not in port.TERMINAL_STATES
+        if live_now and (from_step is None or not live):
+            raise errors.RunNotFinished(
+                run_id,
+                state,
+                f"run {run_id} is still {state}, so a fork could repeat a step the run is "
+                "running or about to run; wait until it ends, or fork from an earlier step "
+                "explicitly "
+                "(from_step=... with live=True; perdure fork --from-step STEP --live)",
+            )
         if from_step is None:
             cut = next((i for i, e in enumerate(journal) if e.status != "ok"), len(journal))
+            if cut < len(journal) and context.unsettled(journal[cut]):
+                step = journal[cut].name
+                raise errors.EffectUnsettled(
+                    run_id,
+                    step,
+                    f"step {step} of run {run_id} started its effect and its outcome is "
+                    "unknown, so a fork would run it again; resolve the step first "
+                    f"(perdure resolve {run_id} {step} --output JSON or --error MSG), or fork "
+                    "from that step or an earlier one explicitly if running it again is right",
+                )
         else:
             found = [i for i, e in enumerate(journal) if e.kind == "step" and e.name == from_step]
             if not found:
                 raise errors.InvalidInput(f"run {run_id} has no step {from_step!r} in its journal")
             cut = found[0]
+            # The first entry that is not settled: a live run's is the step in
+            # flight, which the fork must not run or copy.
+            held = next(
+                (
+                    (i, e)
+                    for i, e in enumerate(journal)
+                    if e.kind == "step"
+                    and e.status == "started"
+                    and (live_now or context.unsettled(e))
+                ),
+                None,
+            )
+            if live_now and held is not None and held[0] <= cut:
+                raise errors.RunNotFinished(
+                    run_id,
+                    state,
+                    f"run {run_id} is {state} with step {held[1].name} in flight; fork from "
+                    "a step before it",
+                )
+            if held is not None and held[0] < cut:
+                step = held[1].name
+                raise errors.EffectUnsettled(
+                    run_id,
+                    step,
+                    f"step {step} of run {run_id} started its effect and its outcome is "
+                    f"unknown; fork from {step} or an earlier step, or resolve it first "
+                    f"(perdure resolve {run_id} {step} --output JSON or --error MSG)",
+                )
         # A child whose result is not copied would report to the old parent, so
         # the fork starts its own child from that position.
         results = {e.name for e in journal[:cut] if e.kind == "child_result"}

@@ -483,6 +483,8 @@ class Context:
             child = self._guarded(lambda: self._store.create_children(self._runtime.claim, [new]))[
                 0
             ]
+            if child.run_id != new.run_id and not port.same_start(child, new):
+                raise errors.KeyConflict(child_key, child, name)
             entry = port.JournalEntry(
                 self._cursor.position, "child", name, "ok", codec.encode({"run_id": child.run_id})
             )

@@ -47,11 +47,14 @@ Rules every adapter keeps:
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
+
+from perdure import errors
 
 RunState = Literal[
     "queued", "running", "waiting", "succeeded", "failed", "canceled", "needs_attention"
@@ -157,6 +160,30 @@ class Run:
     ledger_sequence: int
     created_at: datetime
     updated_at: datetime
+
+
+def same_start(found: Run, new: NewRun) -> bool:
+    """Whether ``new`` repeats the start of ``found``, the run its key names.
+
+    A key names one start: the same workflow with the same inputs (compared as
+    JSON values, so the order of keyword arguments does not matter). The
+    version may differ, so that a start repeated across a deploy still returns
+    the run it created.
+
+    Raises:
+        errors.CorruptState: the stored inputs are not JSON.
+    """
+    if found.workflow != new.workflow:
+        return False
+    try:
+        stored = json.loads(found.input)
+    except ValueError as exc:
+        raise errors.CorruptState(found.run_id, "run_input_json", str(exc)) from exc
+    return _canonical(stored) == _canonical(json.loads(new.input))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -552,10 +579,15 @@ class Store(Protocol):
     def request_cancel(self, run_id: str) -> bool:
         """Cancel the run and every descendant.
 
-        Queued and waiting runs become ``canceled`` at once; running ones get
-        ``cancel_requested`` and a ``canceled`` outcome (put-if-absent) for
-        each open signal or child wait, and are settled by their owner (or by
-        the next claim if the owner is gone). Returns True if anything changed.
+        Queued and waiting runs become ``canceled`` at once (receipt
+        ``canceled``); running ones get ``cancel_requested`` and a ``canceled``
+        outcome (put-if-absent) for each open signal or child wait, and are
+        settled by their owner (or by the next claim if the owner is gone).
+        Runs in ``needs_attention`` get the same and stay ``needs_attention``:
+        a later ``resolve`` with an output ends them ``canceled``. Each newly
+        flagged run gets the receipt ``cancel_requested``. The walk reaches
+        every descendant, through runs of any state. Returns True if anything
+        changed.
 
         Raises:
             errors.RunNotFound: no such run.
@@ -576,7 +608,9 @@ class Store(Protocol):
 
         Replaces the entry at ``entry.position`` (which must have status
         ``started``), then re-queues the run (``queued``, failures 0) or fails
-        it with ``error``. Appends ``resolved`` with ``note``.
+        it with ``error``. Appends ``resolved`` with ``note``. A run whose
+        cancel was requested is not re-queued: it ends ``canceled`` (no error;
+        receipts ``resolved`` then ``canceled``), with the end-of-run rules.
 
         Raises:
             errors.NotResolvable: the run is not in ``needs_attention`` at

@@ -728,7 +728,10 @@ class PostgresStore(postgres_connection.Connections):
         error: str | None,
         note: str,
     ) -> None:
-        """Settle the ``started`` entry of a needs_attention run, then re-queue or fail it."""
+        """Settle the ``started`` entry of a needs_attention run, then re-queue or fail it.
+
+        A run whose cancel was requested ends ``canceled`` instead of being re-queued.
+        """
         if state not in ("queued", "failed"):
             raise errors.InvalidInput(f"resolve re-queues or fails a run, not {state!r}")
         (entry,) = rows.checked_entries(run_id, [entry])
@@ -748,15 +751,24 @@ class PostgresStore(postgres_connection.Connections):
             if stored is None or stored["status"] != "started":
                 raise errors.NotResolvable(f"run {run_id} has no started entry at {entry.position}")
             self._exec(cur, "resolve_entry", **{**vars(entry), **at})
-            params = {"run_id": run_id, "generation": generation, "state": state, "error": error}
+            # A cancel that reached the run while it needed attention ends it
+            # here instead of letting it run on.
+            final = "canceled" if run.cancel_requested and state == "queued" else state
+            marks = [port.Mark("resolved", step=entry.name, note=note)]
+            if final == "canceled":
+                marks.append(port.Mark("canceled"))
+            params = {
+                "run_id": run_id,
+                "generation": generation,
+                "state": final,
+                "error": error if final == "failed" else None,
+                "receipts": len(marks),
+            }
             resolved = self._exec(cur, "resolve_run", **params).fetchone()
             assert resolved is not None
             last = resolved["ledger_sequence"]
-            receipt = rows.Receipt(
-                run_id, last, "resolved", generation, None, entry.name, None, note
-            )
-            self._append(cur, [receipt])
-            if state == "queued":
+            self._append(cur, rows.numbered(run_id, last, generation, None, marks))
+            if final == "queued":
                 self._notify(cur, [resolved["app"]])
             else:
                 self._end_runs(cur, [resolved])

@@ -621,7 +621,7 @@ class SqliteStore(sqlite_connection.Connections):
                 if run.state in ("queued", "waiting"):
                     query, receipt = "cancel_now", "canceled"
                     ended.append(run)
-                elif run.state == "running" and not run.cancel_requested:
+                elif run.state in ("running", "needs_attention") and not run.cancel_requested:
                     query, receipt = "cancel_request", "cancel_requested"
                     requested = True
                     tx.run("cancel_open_waits", run_id=run.run_id)
@@ -653,6 +653,9 @@ class SqliteStore(sqlite_connection.Connections):
     ) -> None:
         """Settle the ambiguous entry of a ``needs_attention`` run.
 
+        A run whose cancel was requested ends ``canceled`` instead of being
+        re-queued.
+
         Raises:
             errors.RunNotFound: no such run.
             errors.NotResolvable: the run is not in ``needs_attention`` at
@@ -680,18 +683,27 @@ class SqliteStore(sqlite_connection.Connections):
                 )
             tx.run("resolve_entry", run_id=run_id, **vars(entry))
             failed = state == "failed"
+            # A cancel that reached the run while it needed attention ends it
+            # here instead of letting it run on.
+            final = "canceled" if run.cancel_requested and not failed else state
+            receipts = [port.Mark("resolved", step=entry.name, note=note)]
+            if final == "canceled":
+                receipts.append(port.Mark("canceled"))
             row = tx.one(
                 "resolve_run",
                 run_id=run_id,
                 generation=generation,
-                state=state,
+                state=final,
                 error=error if failed else None,
+                receipts=len(receipts),
             )
             assert row is not None  # checked above under the same lock
-            receipt = port.Mark("resolved", step=entry.name, note=note)
-            tx.append(run_id, row["ledger_sequence"], [receipt], generation, None)
-            woke = failed and self._end(tx, run_id, row["parent_id"], "failed", None, error)
-        if not failed or woke:
+            tx.append(run_id, row["ledger_sequence"], receipts, generation, None)
+            ended = final != "queued"
+            woke = ended and self._end(
+                tx, run_id, row["parent_id"], final, None, error if failed else None
+            )
+        if not ended or woke:
             self.notify_ready()
 
     def sweep(self) -> int:

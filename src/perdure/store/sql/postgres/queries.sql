@@ -578,11 +578,14 @@ WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('queued', 'waiting')
 RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
 
 -- name: cancel_request
+-- A running run is settled by its owner; one in needs_attention keeps its
+-- state, and the flag turns a later resolve with an output into canceled.
 UPDATE perdure.runs SET
     cancel_requested = true,
     ledger_sequence = ledger_sequence + 1,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-WHERE run_id = ANY(%(run_ids)s::text[]) AND state = 'running' AND NOT cancel_requested
+WHERE run_id = ANY(%(run_ids)s::text[])
+  AND state IN ('running', 'needs_attention') AND NOT cancel_requested
 RETURNING run_id, generation, ledger_sequence;
 
 -- name: resolve_entry
@@ -604,7 +607,7 @@ UPDATE perdure.runs SET
     worker = NULL,
     lease_expires_at = NULL,
     ready_at = NULL,
-    ledger_sequence = ledger_sequence + 1,
+    ledger_sequence = ledger_sequence + %(receipts)s,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'needs_attention'
 RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;

@@ -361,11 +361,13 @@ WHERE run_id = :run_id AND state IN ('queued', 'waiting')
 RETURNING generation, ledger_sequence;
 
 -- name: cancel_request
+-- A running run is settled by its owner; one in needs_attention keeps its
+-- state, and the flag turns a later resolve with an output into canceled.
 UPDATE runs SET
     cancel_requested = 1,
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
-WHERE run_id = :run_id AND state = 'running' AND cancel_requested = 0
+WHERE run_id = :run_id AND state IN ('running', 'needs_attention') AND cancel_requested = 0
 RETURNING generation, ledger_sequence;
 
 -- name: resolve_entry
@@ -387,7 +389,7 @@ UPDATE runs SET
     worker = NULL,
     lease_expires_at = NULL,
     ready_at = NULL,
-    ledger_sequence = ledger_sequence + 1,
+    ledger_sequence = ledger_sequence + :receipts,
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'needs_attention'
 RETURNING ledger_sequence, parent_id;
@@ -404,8 +406,9 @@ WHERE w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
 ON CONFLICT (run_id, name) DO NOTHING;
 
 -- name: cancel_open_waits
--- A cancel reaching a running run settles its open waits, so a later signal
--- is answered with the cancel's receipt instead of one that is never applied.
+-- A cancel reaching a running (or needs_attention) run settles its open waits,
+-- so a later signal is answered with the cancel's receipt instead of one that
+-- is never applied.
 INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
 SELECT run_id, name, 'canceled', NULL, NULL, NULL, :now
 FROM waits WHERE run_id = :run_id AND kind <> 'channel'
