@@ -338,9 +338,11 @@ class Context:
     # -- steps ------------------------------------------------------------------
 
     def _step_call(self, fn: Callable[..., Any]) -> steps.StepCall:
-        key = self._cursor.step_key(steps.options(fn).name)
+        opts = steps.options(fn)
+        key = self._cursor.step_key(opts.name)
         recorded = self._next(replay.Call("step", key))
-        return steps.StepCall(self._runtime, self.run_id, fn, key, self._cursor.position, recorded)
+        position = self._cursor.position
+        return steps.StepCall(self._runtime, self.run_id, fn, opts, key, position, recorded)
 
     def step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` as a journaled step (the explicit form of calling a step)."""

@@ -108,13 +108,14 @@ class StepCall:
         runtime: Runtime,
         run_id: str,
         fn: Callable[..., Any],
+        opts: effects.StepOptions,
         key: str,
         position: int,
         recorded: journal.Entry | None,
     ) -> None:
         self.runtime = runtime
         self.run_id = run_id
-        self.opts = options(fn)
+        self.opts = opts
         self.hint = codec.return_hint(getattr(fn, "__wrapped__", fn))
         self.key = key
         self.position = position
@@ -191,12 +192,12 @@ class StepCall:
         except errors.InvalidPayload as exc:
             self.failed(exc, final=True)
             raise  # failed() always raises here
-        entry = self._entry("ok", output=text, attempt=self.attempt)
+        entry = journal.Entry(self.position, "step", self.key, "ok", text, attempt=self.attempt)
         marks = [journal.Mark("step_completed", self.key, codec.digest(text))]
         if self.opts.effect != "once":
             marks.insert(0, journal.Mark("step_started", self.key))
         self.runtime.finish_step(entry, marks)
-        return codec.convert(codec.decode(text), self.hint)
+        return codec.convert(journal.Value.decode(text).value, self.hint)
 
     def failed(self, exc: Exception, *, final: bool = False) -> float:
         """Return the pause before the next attempt, or raise what the workflow sees."""
@@ -253,7 +254,7 @@ class StepCall:
             failed = self._entry("error", error=error.encode())
             self.runtime.finish_step(failed, [journal.Mark("step_failed", self.key)])
             raise errors.StepFailed(self.key, type(exc).__name__, str(exc)) from exc
-        return codec.convert(codec.decode(recorded.output or "null"), self.hint)
+        return codec.convert(journal.Value.decode(recorded.output).value, self.hint)
 
 
 def options(fn: Callable[..., Any]) -> effects.StepOptions:
