@@ -15,10 +15,9 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
-from perdure import codec, context, errors, records, validation
+from perdure import codec, errors, journal, records, validation
 from perdure.store import port
 
 P = ParamSpec("P")
@@ -67,6 +66,14 @@ def run_info(run: port.Run) -> records.RunInfo:
         parent_id=run.parent_id,
         cancel_requested=run.cancel_requested,
     )
+
+
+def _child_id(entry: port.JournalEntry) -> str | None:
+    """Return the run id a ``child`` entry recorded, or None if its body is unreadable."""
+    try:
+        return journal.ChildStarted.decode(entry.output).run_id
+    except journal.Unreadable:
+        return None
 
 
 def receipt(outcome: port.Outcome) -> records.Receipt:
@@ -272,18 +279,24 @@ class Client:
         for entry in self.store.journal(run.run_id):
             if entry.kind != "wait" or entry.name != name or entry.status == "started":
                 continue
-            body = codec.decode((entry.output if entry.status == "ok" else entry.error) or "{}")
-            if not isinstance(body, dict) or "at" not in body:
-                return None
-            outcome = "signaled" if entry.status == "ok" else str(body.get("outcome", "timed_out"))
+            try:
+                if entry.status == "ok":
+                    signaled = journal.Signaled.decode(entry.output)
+                    outcome, at = "signaled", signaled.at
+                    signal_id, digest = signaled.signal_id, signaled.digest
+                else:
+                    ended = journal.WaitEnded.decode(entry.error)
+                    outcome, at, signal_id, digest = ended.outcome, ended.at, None, None
+            except journal.Unreadable:
+                return None  # a shape from before receipts were kept
             return records.Receipt(
                 wait_id=f"{run.run_id}/{name}",
                 run_id=run.run_id,
                 name=name,
                 outcome=outcome,
-                signal_id=body.get("signal_id"),
-                at=datetime.fromisoformat(body["at"]),
-                payload_digest=body.get("digest"),
+                signal_id=signal_id,
+                at=at,
+                payload_digest=digest,
             )
         return None
 
@@ -405,19 +418,23 @@ class Client:
         why = f"resolved by {who}" + (f": {note}" if note else "")
         if error is None:
             final = port.JournalEntry(
-                entry.position, "step", step, "ok", codec.encode(output), attempt=entry.attempt
+                entry.position,
+                "step",
+                step,
+                "ok",
+                journal.Value(output).encode(),
+                attempt=entry.attempt,
             )
             self.store.resolve(
                 run_id, run.generation, final, state="queued", error=None, note=why + " (succeeded)"
             )
         else:
-            failure = {"type": "Resolved", "message": error, "code": "step_failed"}
             final = port.JournalEntry(
                 entry.position,
                 "step",
                 step,
                 "error",
-                error=codec.encode(failure),
+                error=journal.StepError("Resolved", error).encode(),
                 attempt=entry.attempt,
             )
             run_error = codec.encode({"code": "resolved_failed", "message": error, "step": step})
@@ -454,8 +471,8 @@ class Client:
                 step whose effect started and whose outcome is unknown.
         """
         run = self._run(run_id)
-        journal = self.store.journal(run_id)
-        validation.journal(run_id, journal)
+        recorded = self.store.journal(run_id)
+        validation.journal(run_id, recorded)
         # A resolve between the two reads makes the run live again: judge by both.
         state = next(
             (r.state for r in (run, self._run(run_id)) if r.state not in port.TERMINAL_STATES),
@@ -472,9 +489,9 @@ class Client:
                 "(from_step=... with live=True; perdure fork --from-step STEP --live)",
             )
         if from_step is None:
-            cut = next((i for i, e in enumerate(journal) if e.status != "ok"), len(journal))
-            if cut < len(journal) and context.unsettled(journal[cut]):
-                step = journal[cut].name
+            cut = next((i for i, e in enumerate(recorded) if e.status != "ok"), len(recorded))
+            if cut < len(recorded) and journal.unsettled(recorded[cut]):
+                step = recorded[cut].name
                 raise errors.EffectUnsettled(
                     run_id,
                     step,
@@ -484,7 +501,7 @@ class Client:
                     "from that step or an earlier one explicitly if running it again is right",
                 )
         else:
-            found = [i for i, e in enumerate(journal) if e.kind == "step" and e.name == from_step]
+            found = [i for i, e in enumerate(recorded) if e.kind == "step" and e.name == from_step]
             if not found:
                 raise errors.InvalidInput(f"run {run_id} has no step {from_step!r} in its journal")
             cut = found[0]
@@ -493,10 +510,10 @@ class Client:
             held = next(
                 (
                     (i, e)
-                    for i, e in enumerate(journal)
+                    for i, e in enumerate(recorded)
                     if e.kind == "step"
                     and e.status == "started"
-                    and (live_now or context.unsettled(e))
+                    and (live_now or journal.unsettled(e))
                 ),
                 None,
             )
@@ -518,12 +535,9 @@ class Client:
                 )
         # A child whose result is not copied would report to the old parent, so
         # the fork starts its own child from that position.
-        results = {e.name for e in journal[:cut] if e.kind == "child_result"}
-        for i, entry in enumerate(journal[:cut]):
-            if (
-                entry.kind == "child"
-                and codec.decode(entry.output or "{}").get("run_id") not in results
-            ):
+        results = {e.name for e in recorded[:cut] if e.kind == "child_result"}
+        for i, entry in enumerate(recorded[:cut]):
+            if entry.kind == "child" and _child_id(entry) not in results:
                 cut = i
                 break
         new = port.NewRun(
@@ -533,7 +547,7 @@ class Client:
             version=run.version,
             input=run.input,
         )
-        self.store.create_run(new, journal[:cut])
+        self.store.create_run(new, recorded[:cut])
         return RunHandle(self, new.run_id)
 
     aget = _athread(get)
