@@ -266,6 +266,8 @@ class App:
         Raises:
             errors.WorkflowNotFound: no such workflow is registered.
             errors.InvalidInput: the arguments do not fit the workflow.
+            errors.KeyConflict: ``key`` names a run of another workflow or with
+                other arguments.
         """
         if key is not None and not isinstance(key, str):
             raise errors.InvalidInput(f"a run key is a string, got {type(key).__name__}")
@@ -294,9 +296,11 @@ class App:
         wf = self._workflows.get(info.workflow)
         return self.client.handle(run_id, wf.returns if wf else None)
 
-    def fork(self, run_id: str, from_step: str | None = None) -> client_api.RunHandle[Any]:
+    def fork(
+        self, run_id: str, from_step: str | None = None, *, live: bool = False
+    ) -> client_api.RunHandle[Any]:
         """Start a new run reusing ``run_id``'s journal up to ``from_step`` (see Client.fork)."""
-        forked = self.client.fork(run_id, from_step)
+        forked = self.client.fork(run_id, from_step, live=live)
         return self.handle(forked.run_id)
 
     astart = client_api.athread(start)

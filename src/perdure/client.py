@@ -15,10 +15,9 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from perdure import codec, errors, records, validation
+from perdure import codec, errors, journal, records, validation
 from perdure.store import port
 
 P = ParamSpec("P")
@@ -67,6 +66,14 @@ def run_info(run: port.Run) -> records.RunInfo:
         parent_id=run.parent_id,
         cancel_requested=run.cancel_requested,
     )
+
+
+def _child_id(entry: port.JournalEntry) -> str | None:
+    """Return the run id a ``child`` entry recorded, or None if its body is unreadable."""
+    try:
+        return journal.ChildStarted.decode(entry.output).run_id
+    except journal.Unreadable:
+        return None
 
 
 def receipt(outcome: port.Outcome) -> records.Receipt:
@@ -138,20 +145,29 @@ class Client:
         key: str | None = None,
         hint: Any = None,
     ) -> RunHandle[Any]:
-        """Create a run (or return the run already created under ``key``)."""
+        """Create a run (or return the run already created under ``key``).
+
+        A key names one start: the same workflow with the same inputs. Its
+        version may differ, so a start repeated across a deploy stays idempotent.
+
+        Raises:
+            errors.KeyConflict: ``key`` names a run of another workflow or with
+                other inputs.
+        """
         if key is not None and (not key or len(key) > 512):
             raise errors.InvalidInput("a run key must be 1 to 512 characters")
         text = codec.encode({"args": list(args), "kwargs": kwargs or {}})
-        run, created = self.store.create_run(
-            port.NewRun(
-                run_id=uuid.uuid4().hex,
-                app=self.app,
-                workflow=workflow,
-                version=version,
-                input=text,
-                key=key,
-            )
+        new = port.NewRun(
+            run_id=uuid.uuid4().hex,
+            app=self.app,
+            workflow=workflow,
+            version=version,
+            input=text,
+            key=key,
         )
+        run, created = self.store.create_run(new)
+        if not created and not port.same_start(run, new):
+            raise errors.KeyConflict(str(key), run, workflow)
         return RunHandle[Any](self, run.run_id, hint, created=created)
 
     def handle(self, run_id: str, hint: Any = None) -> RunHandle[Any]:
@@ -263,18 +279,24 @@ class Client:
         for entry in self.store.journal(run.run_id):
             if entry.kind != "wait" or entry.name != name or entry.status == "started":
                 continue
-            body = codec.decode((entry.output if entry.status == "ok" else entry.error) or "{}")
-            if not isinstance(body, dict) or "at" not in body:
-                return None
-            outcome = "signaled" if entry.status == "ok" else str(body.get("outcome", "timed_out"))
+            try:
+                if entry.status == "ok":
+                    signaled = journal.Signaled.decode(entry.output)
+                    outcome, at = "signaled", signaled.at
+                    signal_id, digest = signaled.signal_id, signaled.digest
+                else:
+                    ended = journal.WaitEnded.decode(entry.error)
+                    outcome, at, signal_id, digest = ended.outcome, ended.at, None, None
+            except journal.Unreadable:
+                return None  # a shape from before receipts were kept
             return records.Receipt(
                 wait_id=f"{run.run_id}/{name}",
                 run_id=run.run_id,
                 name=name,
                 outcome=outcome,
-                signal_id=body.get("signal_id"),
-                at=datetime.fromisoformat(body["at"]),
-                payload_digest=body.get("digest"),
+                signal_id=signal_id,
+                at=at,
+                payload_digest=digest,
             )
         return None
 
@@ -396,19 +418,23 @@ class Client:
         why = f"resolved by {who}" + (f": {note}" if note else "")
         if error is None:
             final = port.JournalEntry(
-                entry.position, "step", step, "ok", codec.encode(output), attempt=entry.attempt
+                entry.position,
+                "step",
+                step,
+                "ok",
+                journal.Value(output).encode(),
+                attempt=entry.attempt,
             )
             self.store.resolve(
                 run_id, run.generation, final, state="queued", error=None, note=why + " (succeeded)"
             )
         else:
-            failure = {"type": "Resolved", "message": error, "code": "step_failed"}
             final = port.JournalEntry(
                 entry.position,
                 "step",
                 step,
                 "error",
-                error=codec.encode(failure),
+                error=journal.StepError("Resolved", error).encode(),
                 attempt=entry.attempt,
             )
             run_error = codec.encode({"code": "resolved_failed", "message": error, "step": step})
@@ -422,7 +448,9 @@ class Client:
             )
         return self.get(run_id)
 
-    def fork(self, run_id: str, from_step: str | None = None) -> RunHandle[Any]:
+    def fork(
+        self, run_id: str, from_step: str | None = None, *, live: bool = False
+    ) -> RunHandle[Any]:
         """Start a new run of the same workflow and inputs that reuses the journal.
 
         The new run replays the old journal up to ``from_step`` (the step's
@@ -430,27 +458,88 @@ class Client:
         entry that did not succeed, and executes from there: the way to retry
         a failed run after a fix.
 
+        A fork never runs a ``once`` effect again unless the caller names the
+        step to run again from: a run that is still live (queued, running or
+        waiting) is forked only from an explicit ``from_step`` before the step
+        it is executing, with ``live=True``; a run stopped on an ambiguous
+        ``once`` step is forked by default only once that step is resolved.
+
         Raises:
             errors.InvalidInput: the run's journal has no such step.
+            errors.RunNotFinished: the run is live, and ``from_step`` or
+                ``live=True`` is missing or the fork point is not before its
+                in-flight step.
+            errors.EffectUnsettled: the fork would run, or copy, a ``once``
+                step whose effect started and whose outcome is unknown.
         """
         run = self._run(run_id)
-        journal = self.store.journal(run_id)
-        validation.journal(run_id, journal)
+        recorded = self.store.journal(run_id)
+        validation.journal(run_id, recorded)
+        # A resolve between the two reads makes the run live again: judge by both.
+        state = next(
+            (r.state for r in (run, self._run(run_id)) if r.state not in port.TERMINAL_STATES),
+            run.state,
+        )
+        live_now = state not in port.TERMINAL_STATES
+        if live_now and (from_step is None or not live):
+            raise errors.RunNotFinished(
+                run_id,
+                state,
+                f"run {run_id} is still {state}, so a fork could repeat a step the run is "
+                "running or about to run; wait until it ends, or fork from an earlier step "
+                "explicitly "
+                "(from_step=... with live=True; perdure fork --from-step STEP --live)",
+            )
         if from_step is None:
-            cut = next((i for i, e in enumerate(journal) if e.status != "ok"), len(journal))
+            cut = next((i for i, e in enumerate(recorded) if e.status != "ok"), len(recorded))
+            if cut < len(recorded) and journal.unsettled(recorded[cut]):
+                step = recorded[cut].name
+                raise errors.EffectUnsettled(
+                    run_id,
+                    step,
+                    f"step {step} of run {run_id} started its effect and its outcome is "
+                    "unknown, so a fork would run it again; resolve the step first "
+                    f"(perdure resolve {run_id} {step} --output JSON or --error MSG), or fork "
+                    "from that step or an earlier one explicitly if running it again is right",
+                )
         else:
-            found = [i for i, e in enumerate(journal) if e.kind == "step" and e.name == from_step]
+            found = [i for i, e in enumerate(recorded) if e.kind == "step" and e.name == from_step]
             if not found:
                 raise errors.InvalidInput(f"run {run_id} has no step {from_step!r} in its journal")
             cut = found[0]
+            # The first entry that is not settled: a live run's is the step in
+            # flight, which the fork must not run or copy.
+            held = next(
+                (
+                    (i, e)
+                    for i, e in enumerate(recorded)
+                    if e.kind == "step"
+                    and e.status == "started"
+                    and (live_now or journal.unsettled(e))
+                ),
+                None,
+            )
+            if live_now and held is not None and held[0] <= cut:
+                raise errors.RunNotFinished(
+                    run_id,
+                    state,
+                    f"run {run_id} is {state} with step {held[1].name} in flight; fork from "
+                    "a step before it",
+                )
+            if held is not None and held[0] < cut:
+                step = held[1].name
+                raise errors.EffectUnsettled(
+                    run_id,
+                    step,
+                    f"step {step} of run {run_id} started its effect and its outcome is "
+                    f"unknown; fork from {step} or an earlier step, or resolve it first "
+                    f"(perdure resolve {run_id} {step} --output JSON or --error MSG)",
+                )
         # A child whose result is not copied would report to the old parent, so
         # the fork starts its own child from that position.
-        results = {e.name for e in journal[:cut] if e.kind == "child_result"}
-        for i, entry in enumerate(journal[:cut]):
-            if (
-                entry.kind == "child"
-                and codec.decode(entry.output or "{}").get("run_id") not in results
-            ):
+        results = {e.name for e in recorded[:cut] if e.kind == "child_result"}
+        for i, entry in enumerate(recorded[:cut]):
+            if entry.kind == "child" and _child_id(entry) not in results:
                 cut = i
                 break
         new = port.NewRun(
@@ -460,7 +549,7 @@ class Client:
             version=run.version,
             input=run.input,
         )
-        self.store.create_run(new, journal[:cut])
+        self.store.create_run(new, recorded[:cut])
         return RunHandle[Any](self, new.run_id)
 
     aget = athread(get)

@@ -16,6 +16,9 @@ The tree::
     ├── RunNotFound                          run_not_found
     ├── WorkflowNotFound                     workflow_not_found
     ├── RunFinished                          run_finished
+    ├── RunNotFinished                       run_not_finished
+    ├── KeyConflict                          key_conflict
+    ├── EffectUnsettled                      effect_unsettled
     ├── RunFailed                            (the run's own error code)
     ├── ResultTimeout                        result_timeout
     ├── WaitSettled                          wait_settled
@@ -57,11 +60,13 @@ __all__ = [
     "CorruptState",
     "DemoFailed",
     "EffectFailed",
+    "EffectUnsettled",
     "ImportFailed",
     "Interrupt",
     "InvalidInput",
     "InvalidPayload",
     "InvalidStoreURL",
+    "KeyConflict",
     "LeaseLost",
     "LeaseTimingInvalid",
     "NonDeterminism",
@@ -71,6 +76,7 @@ __all__ = [
     "ResultTimeout",
     "RunFailed",
     "RunFinished",
+    "RunNotFinished",
     "RunNotFound",
     "SchemaTooNew",
     "StaleClaim",
@@ -200,6 +206,47 @@ class RunFinished(PerdureError):
         self.run_id = run_id
         self.state = state
         super().__init__(f"run {run_id} has already ended ({state})")
+
+
+class RunNotFinished(PerdureError):
+    """The run is still live (queued, running or waiting)."""
+
+    code = "run_not_finished"
+
+    def __init__(self, run_id: str, state: str, message: str | None = None) -> None:
+        self.run_id = run_id
+        self.state = state
+        super().__init__(message or f"run {run_id} is still {state}")
+
+
+class KeyConflict(PerdureError):
+    """The key already names a run of another workflow or with other inputs."""
+
+    code = "key_conflict"
+
+    def __init__(self, key: str, found: Any, workflow: str) -> None:
+        self.key = key
+        self.run_id: str = found.run_id
+        differs = (
+            f"workflow {found.workflow!r}, not {workflow!r}"
+            if found.workflow != workflow
+            else f"workflow {workflow!r} with other inputs"
+        )
+        super().__init__(
+            f"key {key!r} already names run {found.run_id} of {differs}; a key names one "
+            "start (the same workflow with the same inputs), so this start needs another key"
+        )
+
+
+class EffectUnsettled(PerdureError):
+    """A once step started its effect and its outcome is unknown; resolve it first."""
+
+    code = "effect_unsettled"
+
+    def __init__(self, run_id: str, step: str, message: str) -> None:
+        self.run_id = run_id
+        self.step = step
+        super().__init__(message)
 
 
 class RunFailed(PerdureError):

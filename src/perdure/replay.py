@@ -80,6 +80,10 @@ class JournalCursor:
         else:
             raise errors.CorruptState(self.run_id, "journal_gap", f"wrote {entry.position}")
 
+    def at(self, position: int) -> port.JournalEntry | None:
+        """Return the entry known at ``position`` (1, 2, ...), or None past the end."""
+        return self._entries[position - 1] if 0 < position <= len(self._entries) else None
+
     def entries(self) -> list[port.JournalEntry]:
         """Return the journal as this cursor knows it."""
         return list(self._entries)

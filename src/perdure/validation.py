@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 
 from perdure import errors
+from perdure import journal as bodies
 from perdure.store import port
 
 JOURNAL_KINDS = frozenset(
@@ -121,10 +122,9 @@ def outcomes(
 
 def _child_id(entry: port.JournalEntry) -> str:
     try:
-        data = json.loads(entry.output or "null")
+        return bodies.ChildStarted.decode(entry.output).run_id
     except ValueError:
         return ""
-    return str(data.get("run_id", "")) if isinstance(data, dict) else ""
 
 
 def ledger(record: port.Run, entries: Sequence[port.LedgerEntry]) -> None:

@@ -186,7 +186,9 @@ def test_stopping_at_once_leaves_a_once_step_for_an_operator(
 
     os.kill(first, signal.SIGTERM)
     if how == "second_signal":
-        wait_for(lambda: "again to stop at once" in fleet.log("a"), "the first signal's notice")
+        wait_for(
+            lambda: "signal again to stop at once" in fleet.log("a"), "the first signal's notice"
+        )
         os.kill(first, signal.SIGTERM)
     assert fleet.procs["a"].wait(timeout=LIMIT) == 1
     assert "gated_once: its outcome is unknown" in fleet.log("a")

@@ -159,7 +159,8 @@ def test_child_results_pause_the_parent_and_a_key_creates_the_child_once(
     def parent(ctx: perdure.Context, x: int) -> dict[str, Any]:
         a = ctx.start_child(kid, x)
         b = ctx.start_child(kid, x + 1, key="kid-b")
-        again = ctx.start_child(kid, 99, key="kid-b")  # same key: the same run, not a new one
+        # The same key and input: the same run, not a new one.
+        again = ctx.start_child(kid, x + 1, key="kid-b")
         return {
             "ids": [a.run_id, b.run_id, again.run_id],
             "results": [a.result(), b.result(), again.result()],
@@ -185,7 +186,7 @@ def test_child_results_pause_the_parent_and_a_key_creates_the_child_once(
         "ids": [first.run_id, second.run_id, second.run_id],
         "results": [9, 16, 16],
     }
-    assert sorted(squared) == [3, 4]  # the keyed child ran once, with its first input
+    assert sorted(squared) == [3, 4]  # the keyed child ran once
     assert len(runs_of(app, "kid")) == 2
     assert app.children(handle.run_id) == {"succeeded": 2}
     assert journal(app, handle.run_id) == [

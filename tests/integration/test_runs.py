@@ -226,9 +226,10 @@ def test_same_key_returns_the_same_run(make_app: Callable[..., perdure.App]) -> 
 
     first = app.start(once_per_key, 1, key="order-1")
     again = app.start(once_per_key, 1, key="order-1")
-    other_args = app.start(once_per_key, 99, key="order-1")
+    with pytest.raises(perdure.KeyConflict):  # a key names one start, inputs included
+        app.start(once_per_key, 99, key="order-1")
     other_key = app.start(once_per_key, 2, key="order-2")
-    assert first.run_id == again.run_id == other_args.run_id
+    assert first.run_id == again.run_id
     assert other_key.run_id != first.run_id
     assert len(app.runs()) == 2
 

@@ -85,7 +85,7 @@ class Hand:
         """Claim what is ready and execute it to its next resting point; return the run ids."""
         claimed = self.claim(self.worker.worker_id)
         for item in claimed:
-            worker_api._Drive(self.worker, worker_api.Execution(self.worker, item)).run()
+            worker_api.Execution(self.worker, item).run()
         return [c.claim.run_id for c in claimed]
 
 

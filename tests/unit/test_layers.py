@@ -40,11 +40,8 @@ LAYERS: list[dict[str, set[str]]] = [
     },
     {"steps": {"perdure.steps"}, "client": {"perdure.client"}},
     {"context": {"perdure.context"}},
-    {
-        "execution": {"perdure.execution"},
-        "registry": {"perdure.registry"},
-        "keeper": {"perdure.keeper"},
-    },
+    {"registry": {"perdure.registry"}},
+    {"execution": {"perdure.execution"}, "keeper": {"perdure.keeper"}},
     {"worker": {"perdure.worker"}},
     {"app": {"perdure.app"}},
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},

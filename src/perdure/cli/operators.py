@@ -40,8 +40,9 @@ def cancel(run_id: str, store_url: str | None, as_json: bool) -> None:
         click.echo(f"run {run_id} canceled")
     elif info.state == "needs_attention":
         click.echo(
-            f"run {run_id} canceled with an unsettled effect; it needs attention: "
-            f"{output.why(info.error)}"
+            f"cancel recorded for run {run_id}; it needs attention "
+            f"({output.why(info.error)}): resolving the step with an output ends it "
+            "canceled, with an error fails it"
         )
     else:
         click.echo(f"cancel requested for run {run_id} ({info.state}); it stops at its next step")
@@ -103,16 +104,27 @@ def resolve(
     help="Re-execute from this step (its key, e.g. charge or charge#2); "
     "default: from the first entry that did not succeed.",
 )
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Fork a run that is still queued, running or waiting (needs --from-step "
+    "before its in-flight step).",
+)
 @common.options
-def fork(run_id: str, from_step: str | None, store_url: str | None, as_json: bool) -> None:
+def fork(
+    run_id: str, from_step: str | None, live: bool, store_url: str | None, as_json: bool
+) -> None:
     """Start a new run of RUN_ID's workflow and inputs that reuses its journal.
 
     The new run replays the recorded steps before the cut and executes from
-    there: the way to retry a failed run once its code is fixed.
+    there: the way to retry a failed run once its code is fixed. Exits 1 for a
+    run still live (unless --live with --from-step before its in-flight step)
+    and for a default cut on a once step whose outcome is unknown (resolve it
+    first, or name --from-step).
     """
     with common.opened(store_url) as store:
         client = common.client_for_run(store, run_id)
-        forked = client.fork(run_id, from_step)
+        forked = client.fork(run_id, from_step, live=live)
         reused = len(store.journal(forked.run_id))
         info = client.get(forked.run_id)
     if as_json:

@@ -31,7 +31,12 @@ from perdure.store import port
     metavar="JSON",
     help="Keyword arguments as a JSON object.",
 )
-@click.option("--key", default=None, help="Idempotency key: the same key returns the same run.")
+@click.option(
+    "--key",
+    default=None,
+    help="Idempotency key: the same key with the same workflow and arguments returns the "
+    "same run; with another workflow or other arguments the start is refused (exit 1).",
+)
 @click.option("--wait", is_flag=True, help="Wait for the run to end (a worker must be running).")
 @click.option(
     "--timeout",
@@ -54,7 +59,8 @@ def start(
 ) -> None:
     """Start a run of a workflow.
 
-    With --key, the run already started under that key is returned instead.
+    With --key, the run already started under that key is returned instead;
+    exits 1 (key_conflict) if that run has another workflow or other arguments.
     With --wait, exits 1 unless the run succeeds.
     """
     if timeout is not None and not wait:
@@ -169,7 +175,12 @@ def show(run_id: str, history: bool, store_url: str | None, as_json: bool) -> No
         ("workflow", f"{info.workflow} (version {info.version})"),
         (
             "state",
-            info.state + (" (cancel requested)" if info.cancel_requested and not info.done else ""),
+            info.state
+            + (
+                " (cancel requested)"
+                if info.cancel_requested and (not info.done or info.state == "needs_attention")
+                else ""
+            ),
         ),
         ("attempt", f"{info.attempt} (consecutive failures: {info.failures})"),
         ("created", output.when(info.created_at)),

@@ -25,7 +25,10 @@ Rules every adapter keeps:
 * Time comes from the store's clock: the injected :class:`Clock` if one was
   given, else the store's own (the system clock for an embedded store, the
   database server's clock for a shared one, so that hosts never compare their
-  clocks). Deadlines and leases are absolute instants.
+  clocks). Deadlines and leases are absolute instants. That clock may step
+  (NTP, a resumed VM): a lease is never further ahead than its TTL (``sweep``
+  pulls it back), and a claim recovers lapsed runs only while the caller
+  trusts the clock (``claim``'s ``recover_until``).
 * Payloads, results, errors and inputs are JSON text. The store never parses
   them (except to compute nothing); the engine encodes and validates them.
 * Every transition appends provenance receipts to the run's ledger in the same
@@ -45,11 +48,14 @@ Rules every adapter keeps:
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
+
+from perdure import errors
 
 RunState = Literal[
     "queued", "running", "waiting", "succeeded", "failed", "canceled", "needs_attention"
@@ -108,6 +114,10 @@ class SystemClock:
         return datetime.now(UTC)
 
 
+RECOVER_ANY = datetime.max.replace(tzinfo=UTC)
+"""The ``recover_until`` that trusts the store's clock whatever it reads."""
+
+
 @dataclass(frozen=True)
 class NewRun:
     """A run to create. ``key`` makes creation idempotent within the app."""
@@ -154,6 +164,30 @@ class Run:
     # The number of receipts the run keeps, fixed when it is created, so that
     # a process with another bound neither trims nor reads it by its own.
     ledger_limit: int = 256
+
+
+def same_start(found: Run, new: NewRun) -> bool:
+    """Whether ``new`` repeats the start of ``found``, the run its key names.
+
+    A key names one start: the same workflow with the same inputs (compared as
+    JSON values, so the order of keyword arguments does not matter). The
+    version may differ, so that a start repeated across a deploy still returns
+    the run it created.
+
+    Raises:
+        errors.CorruptState: the stored inputs are not JSON.
+    """
+    if found.workflow != new.workflow:
+        return False
+    try:
+        stored = json.loads(found.input)
+    except ValueError as exc:
+        raise errors.CorruptState(found.run_id, "run_input_json", str(exc)) from exc
+    return _canonical(stored) == _canonical(json.loads(new.input))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -379,6 +413,7 @@ class Store(Protocol):
         *,
         lease_ttl: float,
         limit: int = 1,
+        recover_until: datetime | None = RECOVER_ANY,
     ) -> list[Claimed]:
         """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed.
 
@@ -387,13 +422,23 @@ class Store(Protocol):
         (its worker is gone: the claim is a recovery, ``failures`` grows by one
         and the receipt is ``recovered``, else ``claimed``). Each claimed run
         becomes ``running`` under ``worker`` with ``generation + 1`` and a lease
-        of ``lease_ttl`` seconds. Two concurrent claims never return the same
-        run.
+        of ``lease_ttl`` seconds, and the run keeps ``lease_ttl`` (see
+        ``sweep``). Two concurrent claims never return the same run.
+
+        A lapsed ``running`` run is recovered only if the store's clock, read
+        by this claim's own transaction, is at or before ``recover_until``;
+        ``None`` recovers nothing (queued and due waiting runs are claimed as
+        always). A caller that watches the store's clock against a monotonic
+        one passes ``None`` while it distrusts the clock (it stepped forward,
+        so live leases look lapsed) and else its predicted store time plus a
+        tolerance, so that a step between its reading and this claim makes the
+        claim recover nothing. The default, :data:`RECOVER_ANY`, trusts the
+        store's clock.
         """
         ...
 
     def renew(self, claim: Claim, *, lease_ttl: float) -> Claim:
-        """Extend the lease to now + ``lease_ttl``.
+        """Extend the lease to now + ``lease_ttl`` (the run keeps ``lease_ttl``).
 
         Raises:
             errors.StaleClaim: another claim owns the run.
@@ -538,10 +583,15 @@ class Store(Protocol):
     def request_cancel(self, run_id: str) -> bool:
         """Cancel the run and every descendant.
 
-        Queued and waiting runs become ``canceled`` at once; running ones get
-        ``cancel_requested`` and a ``canceled`` outcome (put-if-absent) for
-        each open signal or child wait, and are settled by their owner (or by
-        the next claim if the owner is gone). Returns True if anything changed.
+        Queued and waiting runs become ``canceled`` at once (receipt
+        ``canceled``); running ones get ``cancel_requested`` and a ``canceled``
+        outcome (put-if-absent) for each open signal or child wait, and are
+        settled by their owner (or by the next claim if the owner is gone).
+        Runs in ``needs_attention`` get the same and stay ``needs_attention``:
+        a later ``resolve`` with an output ends them ``canceled``. Each newly
+        flagged run gets the receipt ``cancel_requested``. The walk reaches
+        every descendant, through runs of any state. Returns True if anything
+        changed.
 
         Raises:
             errors.RunNotFound: no such run.
@@ -562,7 +612,9 @@ class Store(Protocol):
 
         Replaces the entry at ``entry.position`` (which must have status
         ``started``), then re-queues the run (``queued``, failures 0) or fails
-        it with ``error``. Appends ``resolved`` with ``note``.
+        it with ``error``. Appends ``resolved`` with ``note``. A run whose
+        cancel was requested is not re-queued: it ends ``canceled`` (no error;
+        receipts ``resolved`` then ``canceled``), with the end-of-run rules.
 
         Raises:
             errors.NotResolvable: the run is not in ``needs_attention`` at
@@ -577,5 +629,12 @@ class Store(Protocol):
         wakes their runs, re-queues waiting runs whose ``ready_at`` passed, and
         deletes wait, outcome and message records whose run no longer exists
         or has ended.
+
+        Pulls the lease of every ``running`` run that is further ahead than
+        now + its lease TTL (the store's clock stepped back since the lease
+        was granted or renewed) back to now + that TTL, so a run whose worker
+        died lapses within one TTL of the next sweep, not when the clock
+        catches up. Live owners lose nothing: a renewal sets the same instant.
+        The run's generation, ledger and ``updated_at`` are untouched.
         """
         ...

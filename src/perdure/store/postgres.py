@@ -344,8 +344,15 @@ class PostgresStore(postgres_connection.Connections):
         *,
         lease_ttl: float,
         limit: int = 1,
+        recover_until: datetime | None = port.RECOVER_ANY,
     ) -> list[port.Claimed]:
-        """Claim up to ``limit`` ready runs; a run whose rows fail validation is left untouched."""
+        """Claim up to ``limit`` ready runs; a run whose rows fail validation is left untouched.
+
+        Lapsed runs are recovered only if the statement's instant is at or
+        before ``recover_until`` (None: never).
+        """
+        if recover_until is not None and recover_until.tzinfo is None:
+            raise errors.InvalidInput("recover_until must be an aware datetime")
         if lease_ttl <= 0:
             raise errors.InvalidInput(f"lease_ttl must be positive, got {lease_ttl}")
         if limit < 1 or not workflows:
@@ -357,6 +364,7 @@ class PostgresStore(postgres_connection.Connections):
             "versions": [v for _, v in workflows],
             "lease_ttl": float(lease_ttl),
             "limit": limit,
+            "recover_until": recover_until,
         }
 
         def work(cur: Cursor) -> list[port.Claimed]:
@@ -725,7 +733,10 @@ class PostgresStore(postgres_connection.Connections):
         error: str | None,
         note: str,
     ) -> None:
-        """Settle the ``started`` entry of a needs_attention run, then re-queue or fail it."""
+        """Settle the ``started`` entry of a needs_attention run, then re-queue or fail it.
+
+        A run whose cancel was requested ends ``canceled`` instead of being re-queued.
+        """
         if state not in ("queued", "failed"):
             raise errors.InvalidInput(f"resolve re-queues or fails a run, not {state!r}")
         (entry,) = rows.checked_entries(run_id, [entry])
@@ -745,15 +756,24 @@ class PostgresStore(postgres_connection.Connections):
             if stored is None or stored["status"] != "started":
                 raise errors.NotResolvable(f"run {run_id} has no started entry at {entry.position}")
             self._exec(cur, "resolve_entry", **{**vars(entry), **at})
-            params = {"run_id": run_id, "generation": generation, "state": state, "error": error}
+            # A cancel that reached the run while it needed attention ends it
+            # here instead of letting it run on.
+            final = "canceled" if run.cancel_requested and state == "queued" else state
+            marks = [port.Mark("resolved", step=entry.name, note=note)]
+            if final == "canceled":
+                marks.append(port.Mark("canceled"))
+            params = {
+                "run_id": run_id,
+                "generation": generation,
+                "state": final,
+                "error": error if final == "failed" else None,
+                "receipts": len(marks),
+            }
             resolved = self._exec(cur, "resolve_run", **params).fetchone()
             assert resolved is not None
             last = resolved["ledger_sequence"]
-            receipt = rows.Receipt(
-                run_id, last, "resolved", generation, None, entry.name, None, note
-            )
-            self._append(cur, [receipt])
-            if state == "queued":
+            self._append(cur, rows.numbered(run_id, last, generation, None, marks))
+            if final == "queued":
                 self._notify(cur, [resolved["app"]])
             else:
                 self._end_runs(cur, [resolved])
@@ -761,9 +781,13 @@ class PostgresStore(postgres_connection.Connections):
         self._transact(work)
 
     def sweep(self) -> int:
-        """Time out expired waits, wake due runs and delete records of ended runs."""
+        """Time out expired waits, wake due runs and delete records of ended runs.
+
+        Also pulls leases further ahead than their TTL back to now + TTL.
+        """
 
         def work(cur: Cursor) -> int:
+            clamped = len(self._exec(cur, "sweep_clamp_leases").fetchall())
             expired = [r["run_id"] for r in self._exec(cur, "sweep_expired_runs")]
             timed_out = []
             if expired:
@@ -771,6 +795,7 @@ class PostgresStore(postgres_connection.Connections):
             woken = self._wake(cur, sorted({r["run_id"] for r in timed_out}))
             woken += self._wake(cur, [r["run_id"] for r in self._exec(cur, "sweep_due_runs")])
             orphans = self._exec(cur, "sweep_orphans").fetchone()
-            return len(timed_out) + len(woken) + (int(orphans["n"]) if orphans else 0)
+            found = len(timed_out) + len(woken) + (int(orphans["n"]) if orphans else 0)
+            return clamped + found
 
         return self._transact(work)

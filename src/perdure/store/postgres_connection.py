@@ -10,12 +10,14 @@ builds the store operations on it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import random
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -41,6 +43,28 @@ _POOL_MAX = 10
 _POOL_WAIT = 30.0
 _ATTEMPTS = 5
 _LISTEN_SLICE = 1.0
+_EXIT_TIMEOUT = 1.0
+
+# Stores still open; closed at interpreter exit (see _close_at_exit).
+_open: weakref.WeakSet[Connections] = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """Close the stores a program left open, while the pools' threads still run.
+
+    Otherwise a pool is stopped by its finalizer during the interpreter's
+    teardown, when its daemon threads may have been frozen holding a lock the
+    finalizer then waits on forever: a script that never calls ``close()``
+    could hang at exit.
+    """
+    for conns in list(_open):
+        try:
+            conns.close(timeout=_EXIT_TIMEOUT)
+        except Exception as exc:  # exiting anyway; one store must not keep the others open
+            log.warning("could not close the store %s at exit: %s", conns.url, exc)
+
+
+atexit.register(_close_at_exit)
 
 
 def _redact(url: str) -> str:
@@ -121,6 +145,7 @@ class Connections:
             raise errors.StoreUnavailable(
                 f"cannot open connections to the PostgreSQL store {self.url}"
             ) from None
+        _open.add(self)
 
     def _transact(
         self, work: Callable[[Cursor], T], *, retry: bool = True, single: bool = False
@@ -165,12 +190,16 @@ class Connections:
                 raise errors.StoreError(f"PostgreSQL refused: {_reason(exc)}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def close(self) -> None:
-        """Release connections. Idempotent."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Release connections, waiting up to ``timeout`` seconds for the pool's threads.
+
+        Idempotent.
+        """
         if self._closed:
             return
         self._closed = True
-        self._pool.close()
+        _open.discard(self)
+        self._pool.close(timeout=timeout)
         # A listener notices _closed within one slice of its wait and lets go.
         with self._listen_lock:
             if self._listen_conn is not None:

@@ -228,19 +228,28 @@ class SqliteStore(sqlite_connection.Connections):
         *,
         lease_ttl: float,
         limit: int = 1,
+        recover_until: datetime | None = port.RECOVER_ANY,
     ) -> list[port.Claimed]:
-        """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed."""
+        """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed.
+
+        Lapsed runs are recovered only if the transaction's instant is at or
+        before ``recover_until`` (None: never).
+        """
         ttl = _micros(lease_ttl, "lease_ttl", positive=True)
         if limit < 1 or not workflows:
             return []
         wanted = json.dumps([[name, version] for name, version in workflows])
+        bound = rows.opt_us(recover_until)
         claimed: list[port.Claimed] = []
         with self._write() as tx:
             lease = tx.now + ttl
-            for candidate in tx.rows("claim_candidates", app=app, workflows=wanted, limit=limit):
+            candidates = tx.rows(
+                "claim_candidates", app=app, workflows=wanted, limit=limit, recover_until=bound
+            )
+            for candidate in candidates:
                 tx.conn.execute("SAVEPOINT claim_one")
                 try:
-                    claimed.append(self._claim_one(tx, candidate, worker, lease))
+                    claimed.append(self._claim_one(tx, candidate, worker, lease, ttl))
                 except errors.CorruptState as exc:
                     tx.conn.execute("ROLLBACK TO claim_one")
                     error = {"code": exc.code, "message": str(exc), "invariant": exc.invariant}
@@ -265,10 +274,16 @@ class SqliteStore(sqlite_connection.Connections):
             )
 
     def _claim_one(
-        self, tx: sqlite_connection._Tx, candidate: sqlite3.Row, worker: str, lease: int
+        self, tx: sqlite_connection._Tx, candidate: sqlite3.Row, worker: str, lease: int, ttl: int
     ) -> port.Claimed:
         recovered = rows.run(candidate).state == "running"
-        row = tx.one("claim_run", run_id=candidate["run_id"], worker=worker, lease_expires_at=lease)
+        row = tx.one(
+            "claim_run",
+            run_id=candidate["run_id"],
+            worker=worker,
+            lease_expires_at=lease,
+            lease_ttl=ttl,
+        )
         assert row is not None  # the candidate was read under the same lock
         run = rows.run(row)
         journal = [rows.entry(r) for r in tx.rows("journal", run_id=run.run_id)]
@@ -283,7 +298,7 @@ class SqliteStore(sqlite_connection.Connections):
         ttl = _micros(lease_ttl, "lease_ttl", positive=True)
         with self._write() as tx:
             lease = tx.now + ttl
-            self._claimed(tx, claim, "renew", (), (), lease_expires_at=lease)
+            self._claimed(tx, claim, "renew", (), (), lease_expires_at=lease, lease_ttl=ttl)
         return dataclasses.replace(claim, lease_expires_at=rows.from_us(lease))
 
     def release(
@@ -606,7 +621,7 @@ class SqliteStore(sqlite_connection.Connections):
                 if run.state in ("queued", "waiting"):
                     query, receipt = "cancel_now", "canceled"
                     ended.append(run)
-                elif run.state == "running" and not run.cancel_requested:
+                elif run.state in ("running", "needs_attention") and not run.cancel_requested:
                     query, receipt = "cancel_request", "cancel_requested"
                     requested = True
                     tx.run("cancel_open_waits", run_id=run.run_id)
@@ -638,6 +653,9 @@ class SqliteStore(sqlite_connection.Connections):
     ) -> None:
         """Settle the ambiguous entry of a ``needs_attention`` run.
 
+        A run whose cancel was requested ends ``canceled`` instead of being
+        re-queued.
+
         Raises:
             errors.RunNotFound: no such run.
             errors.NotResolvable: the run is not in ``needs_attention`` at
@@ -665,24 +683,36 @@ class SqliteStore(sqlite_connection.Connections):
                 )
             tx.run("resolve_entry", run_id=run_id, **vars(entry))
             failed = state == "failed"
+            # A cancel that reached the run while it needed attention ends it
+            # here instead of letting it run on.
+            final = "canceled" if run.cancel_requested and not failed else state
+            receipts = [port.Mark("resolved", step=entry.name, note=note)]
+            if final == "canceled":
+                receipts.append(port.Mark("canceled"))
             row = tx.one(
                 "resolve_run",
                 run_id=run_id,
                 generation=generation,
-                state=state,
+                state=final,
                 error=error if failed else None,
+                receipts=len(receipts),
             )
             assert row is not None  # checked above under the same lock
-            receipt = port.Mark("resolved", step=entry.name, note=note)
-            tx.append(run_id, row["ledger_sequence"], [receipt], generation, None)
-            woke = failed and self._end(tx, run_id, row["parent_id"], "failed", None, error)
-        if not failed or woke:
+            tx.append(run_id, row["ledger_sequence"], receipts, generation, None)
+            ended = final != "queued"
+            woke = ended and self._end(
+                tx, run_id, row["parent_id"], final, None, error if failed else None
+            )
+        if not ended or woke:
             self.notify_ready()
 
     def sweep(self) -> int:
-        """Time out expired waits, re-queue due waiting runs, drop records of ended runs."""
+        """Time out expired waits, re-queue due waiting runs, drop records of ended runs.
+
+        Also pulls leases further ahead than their TTL back to now + TTL.
+        """
         with self._write() as tx:
-            changed = tx.run("sweep_expire_waits")
+            changed = tx.run("sweep_expire_waits") + tx.run("sweep_clamp_leases")
             woken = tx.rows("sweep_wake_due")
             for row in woken:
                 receipt = [port.Mark("woken")]

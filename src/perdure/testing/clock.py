@@ -1,7 +1,8 @@
-"""A clock that moves only when told to."""
+"""Clocks for tests: one that moves only when told to, one that steps like a host's."""
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -32,3 +33,44 @@ class FakeClock:
             if when < self._now:
                 raise ValueError("a clock never goes back")
             self._now = when
+
+    def step(self, seconds: float = 0.0, **delta: float) -> datetime:
+        """Step by ``seconds`` either way, as a host clock does under NTP; return the new now.
+
+        Unlike :meth:`advance`, a negative step is allowed: it is the clock
+        being set back, which the store must survive.
+        """
+        with self._lock:
+            self._now += timedelta(seconds=seconds, **delta)
+            return self._now
+
+
+class OffsetClock:
+    """The system clock plus an offset in seconds read from a file on every ``now()``.
+
+    Every process given the same file steps at once when a test rewrites it
+    (:meth:`write`), as every process of a host does when its clock is set. A
+    missing or empty file means no offset.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+
+    def offset(self) -> float:
+        """Return the offset now in the file, in seconds."""
+        try:
+            with open(self.path, encoding="ascii") as handle:
+                text = handle.read().strip()
+        except FileNotFoundError:
+            return 0.0
+        return float(text) if text else 0.0
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.offset())
+
+    def write(self, seconds: float) -> None:
+        """Set the offset for every reader at once (an atomic rename)."""
+        partial = f"{self.path}.{os.getpid()}.tmp"
+        with open(partial, "w", encoding="ascii") as handle:
+            handle.write(repr(float(seconds)))
+        os.replace(partial, self.path)

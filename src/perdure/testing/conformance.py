@@ -1668,6 +1668,86 @@ class StoreConformance:
         assert store.request_cancel(run.run_id) is False
         assert snapshot(store) == before
 
+    def _parent_of_a_child_needing_attention(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> tuple[port.Run, port.Run, port.Run]:
+        """Return a parent parked on its child, the child in needs_attention with an
+        open signal wait, and the child's own queued child."""
+        parent = start(store)
+        parent_claim = claim_run(store, parent).claim
+        [child] = store.create_children(parent_claim, [new_run(key="c", parent_id=parent.run_id)])
+        waits = [port.WaitSpec(f"child:{child.run_id}", "child")]
+        assert store.park(parent_claim, [], waits, wake_at=None) is True
+        claim = claim_run(store, child).claim
+        [grandchild] = store.create_children(claim, [new_run(key="g", parent_id=child.run_id)])
+        waits = [port.WaitSpec("x", "signal"), port.WaitSpec("z", "signal")]
+        assert store.park(claim, [], waits, wake_at=None) is True
+        store.settle_wait(child.run_id, "x", signaled(child.run_id, "x", clock.now()))
+        claim = claim_run(store, child).claim
+        store.begin_effect(claim, [entry(1, "started", name="charge")])
+        store.finish(claim, [], state="needs_attention", error='{"code": "effect_outcome_unknown"}')
+        assert get(store, child.run_id).state == "needs_attention"
+        return parent, child, grandchild
+
+    def test_request_cancel_reaches_a_run_in_needs_attention(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        parent, child, grandchild = self._parent_of_a_child_needing_attention(store, clock)
+        before = kinds(store, child.run_id)
+
+        assert store.request_cancel(parent.run_id) is True
+        assert get(store, parent.run_id).state == "canceled"
+        flagged = get(store, child.run_id)
+        assert (flagged.state, flagged.cancel_requested) == ("needs_attention", True)
+        assert kinds(store, child.run_id) == [*before, "cancel_requested"]
+        # The walk goes through the run in needs_attention to its own child.
+        assert get(store, grandchild.run_id).state == "canceled"
+        # Its open wait is settled by the cancel, so a late signal gets that receipt.
+        [z] = [o for o in store.outcomes(child.run_id) if o.name == "z"]
+        assert z.outcome == "canceled"
+        assert get(store, child.run_id).state == "needs_attention"
+        assert store.request_cancel(parent.run_id) is False
+        assert store.request_cancel(child.run_id) is False
+        for run_id in (parent.run_id, child.run_id, grandchild.run_id):
+            sequences = [r.sequence for r in store.history(run_id)]
+            assert sequences == list(range(1, len(sequences) + 1))
+
+    def test_resolve_with_an_output_ends_a_canceled_run_canceled(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        parent, child, _ = self._parent_of_a_child_needing_attention(store, clock)
+        assert store.request_cancel(parent.run_id) is True
+        settled = entry(1, name="charge")
+        store.resolve(child.run_id, 2, settled, state="queued", error=None, note="it happened")
+        after = get(store, child.run_id)
+        assert (after.state, after.error, after.worker) == ("canceled", None, None)
+        assert store.journal(child.run_id) == [settled]
+        history = store.history(child.run_id)
+        assert [r.kind for r in history][-3:] == ["cancel_requested", "resolved", "canceled"]
+        assert (history[-2].step, history[-2].note) == ("charge", "it happened")
+        assert [r.sequence for r in history] == list(range(1, len(history) + 1))
+        assert after.ledger_sequence == history[-1].sequence
+        # It ended: its records are gone and no worker can claim it.
+        assert store.waits(APP, child.run_id) == []
+        assert store.outcomes(child.run_id) == []
+        assert store.claim(APP, WORKER, [(child.workflow, child.version)], lease_ttl=TTL) == []
+        # The parent was canceled first, so it receives no outcome.
+        assert store.outcomes(parent.run_id) == []
+        assert get(store, parent.run_id).state == "canceled"
+
+    def test_resolve_with_an_error_fails_a_canceled_run(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        _, child, _ = self._parent_of_a_child_needing_attention(store, clock)
+        assert store.request_cancel(child.run_id) is True
+        error = '{"code": "resolved_failed"}'
+        failed = entry(1, "error", name="charge")
+        store.resolve(child.run_id, 2, failed, state="failed", error=error, note="refunded")
+        after = get(store, child.run_id)
+        assert (after.state, after.error) == ("failed", error)
+        assert kinds(store, child.run_id)[-2:] == ["cancel_requested", "resolved"]
+        assert store.outcomes(child.run_id) == []
+
     # == resolve ===========================================================
 
     def _needs_attention(self, store: port.Store) -> tuple[port.Run, port.Claim]:
@@ -2003,3 +2083,102 @@ class StoreConformance:
         result = store.wait_ready(0.05)
         assert isinstance(result, bool)
         assert time.monotonic() - began < 2.0
+
+    # == clock steps =======================================================
+
+    def _lapsed(self, store: port.Store, clock: clocks.FakeClock) -> port.Run:
+        """Return a running run whose lease (10 s) lapsed one second ago."""
+        run = start(store)
+        claim_run(store, run, lease_ttl=10)
+        clock.advance(11)
+        return run
+
+    def test_claim_with_recover_until_none_recovers_nothing(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        lapsed = self._lapsed(store, clock)
+        wanted = [(lapsed.workflow, "1")]
+        sleeper = start(store, workflow=lapsed.workflow)
+        [sleeping] = store.claim(APP, WORKER, wanted, lease_ttl=TTL, recover_until=None)
+        assert (sleeping.run.run_id, sleeping.recovered) == (sleeper.run_id, False)
+        assert store.park(sleeping.claim, [], [], wake_at=clock.now() + timedelta(seconds=1))
+        clock.advance(2)
+        fresh = start(store, workflow=lapsed.workflow)
+        before = get(store, lapsed.run_id)
+
+        got = store.claim(APP, OTHER_WORKER, wanted, lease_ttl=TTL, limit=5, recover_until=None)
+
+        # The due waiting run and the queued one are claimed as always; the
+        # lapsed one is left alone.
+        assert sorted(c.run.run_id for c in got) == sorted([sleeper.run_id, fresh.run_id])
+        assert not any(c.recovered for c in got)
+        assert get(store, lapsed.run_id) == before
+        assert kinds(store, lapsed.run_id) == ["initialized", "claimed"]
+
+    def test_claim_recovers_only_at_or_before_recover_until(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = self._lapsed(store, clock)
+        wanted = [(run.workflow, "1")]
+        before = get(store, run.run_id)
+        for bound in (clock.now() - timedelta(microseconds=1), clock.now() - timedelta(hours=1)):
+            assert store.claim(APP, OTHER_WORKER, wanted, lease_ttl=TTL, recover_until=bound) == []
+        assert get(store, run.run_id) == before
+
+        [at_bound] = store.claim(
+            APP, OTHER_WORKER, wanted, lease_ttl=TTL, recover_until=clock.now()
+        )
+        assert (at_bound.recovered, at_bound.claim.generation) == (True, 2)
+
+        clock.advance(TTL + 1)
+        later = clock.now() + timedelta(seconds=5)
+        [again] = store.claim(APP, WORKER, wanted, lease_ttl=TTL, recover_until=later)
+        assert (again.recovered, again.claim.generation, again.run.failures) == (True, 3, 2)
+        assert kinds(store, run.run_id) == ["initialized", "claimed", "recovered", "recovered"]
+
+    def test_sweep_pulls_a_lease_back_to_now_plus_its_ttl(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        claimed = claim_run(store, run, lease_ttl=10)
+        clock.step(-3600)  # the host's clock is set back an hour
+        wanted = [(run.workflow, "1")]
+        assert store.sweep() == 1
+        held = get(store, run.run_id)
+        assert held.lease_expires_at == clock.now() + timedelta(seconds=10)
+        assert (held.generation, held.ledger_sequence, held.updated_at) == (
+            claimed.run.generation,
+            claimed.run.ledger_sequence,
+            claimed.run.updated_at,
+        )
+        assert store.sweep() == 0
+        clock.advance(9)
+        assert store.claim(APP, OTHER_WORKER, wanted, lease_ttl=TTL) == []
+        clock.advance(1)
+        [recovered] = store.claim(APP, OTHER_WORKER, wanted, lease_ttl=TTL)
+        assert (recovered.run.run_id, recovered.recovered) == (run.run_id, True)
+
+    def test_sweep_keeps_leases_within_their_ttl(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        claim = claim_run(store, run, lease_ttl=10).claim
+        clock.advance(4)
+        assert store.sweep() == 0
+        assert get(store, run.run_id).lease_expires_at == claim.lease_expires_at
+        # A live owner that renews after the step back is not touched either.
+        clock.step(-3600)
+        renewed = store.renew(claim, lease_ttl=10)
+        assert renewed.lease_expires_at == clock.now() + timedelta(seconds=10)
+        assert store.sweep() == 0
+        assert get(store, run.run_id).lease_expires_at == renewed.lease_expires_at
+
+    def test_sweep_clamps_to_the_ttl_of_the_latest_renewal(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        claim = claim_run(store, run, lease_ttl=10).claim
+        store.renew(claim, lease_ttl=20)
+        clock.step(-3600)
+        assert store.sweep() == 1
+        assert get(store, run.run_id).lease_expires_at == clock.now() + timedelta(seconds=20)

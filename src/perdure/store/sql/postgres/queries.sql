@@ -182,6 +182,9 @@ WITH wanted AS (
            generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'running'
       AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      -- A lapse counts only while the caller trusts this clock (NULL: never).
+      AND coalesce(%(now)s::timestamptz, statement_timestamp())
+          <= %(recover_until)s::timestamptz
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY lease_expires_at
@@ -205,6 +208,7 @@ WITH wanted AS (
         worker = %(worker)s,
         lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp())
             + make_interval(secs => %(lease_ttl)s::float8),
+        lease_ttl = make_interval(secs => %(lease_ttl)s::float8),
         ready_at = NULL,
         ledger_sequence = r.ledger_sequence + 1,
         updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
@@ -296,7 +300,8 @@ SELECT generation, state, cancel_requested FROM perdure.runs WHERE run_id = %(ru
 -- name: renew
 UPDATE perdure.runs SET
     lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-        + make_interval(secs => %(lease_ttl)s::float8)
+        + make_interval(secs => %(lease_ttl)s::float8),
+    lease_ttl = make_interval(secs => %(lease_ttl)s::float8)
 WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
   AND (NOT cancel_requested OR %(canceling)s)
 RETURNING lease_expires_at;
@@ -575,11 +580,14 @@ WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('queued', 'waiting')
 RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
 
 -- name: cancel_request
+-- A running run is settled by its owner; one in needs_attention keeps its
+-- state, and the flag turns a later resolve with an output into canceled.
 UPDATE perdure.runs SET
     cancel_requested = true,
     ledger_sequence = ledger_sequence + 1,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-WHERE run_id = ANY(%(run_ids)s::text[]) AND state = 'running' AND NOT cancel_requested
+WHERE run_id = ANY(%(run_ids)s::text[])
+  AND state IN ('running', 'needs_attention') AND NOT cancel_requested
 RETURNING run_id, generation, ledger_sequence;
 
 -- name: resolve_entry
@@ -601,7 +609,7 @@ UPDATE perdure.runs SET
     worker = NULL,
     lease_expires_at = NULL,
     ready_at = NULL,
-    ledger_sequence = ledger_sequence + 1,
+    ledger_sequence = ledger_sequence + %(receipts)s,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'needs_attention'
 RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
@@ -640,6 +648,23 @@ SELECT run_id FROM perdure.runs
 WHERE state = 'waiting' AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
 ORDER BY run_id
 FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: sweep_clamp_leases
+-- A lease is never further ahead than its TTL: after the clock stepped back,
+-- a dead worker's run lapses one TTL from now, not when the clock catches up.
+-- Served by runs_lease; rows another transaction holds wait for the next sweep.
+WITH ahead AS (
+    SELECT run_id FROM perdure.runs
+    WHERE state = 'running'
+      AND lease_expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()) + lease_ttl
+    ORDER BY run_id
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE perdure.runs AS r SET
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + r.lease_ttl
+FROM ahead
+WHERE r.run_id = ahead.run_id
+RETURNING r.run_id;
 
 -- name: sweep_orphans
 -- Records of runs that are gone or ended. A run that needs attention keeps

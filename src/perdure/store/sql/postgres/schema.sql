@@ -33,6 +33,8 @@ CREATE TABLE perdure.runs (
     message_sequence bigint NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
+    -- The TTL of the run's latest lease: sweeps pull back a lease further ahead.
+    lease_ttl interval,
     -- How many provenance receipts the run keeps, fixed when it is created.
     ledger_limit integer NOT NULL DEFAULT 256,
     -- Idempotent creation: one run per (app, key); runs without a key never collide.

@@ -128,6 +128,8 @@ due(run_id, state, due_at, created_at) AS (
     SELECT * FROM (
         SELECT run_id, state, lease_expires_at, created_at FROM runs
         WHERE app = :app AND state = 'running' AND lease_expires_at <= :now
+          -- A lapse counts only while the caller trusts this clock (NULL: never).
+          AND :now <= :recover_until
           AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY lease_expires_at LIMIT :limit
     )
@@ -160,6 +162,7 @@ UPDATE runs SET
     state = 'running',
     worker = :worker,
     lease_expires_at = :lease_expires_at,
+    lease_ttl = :lease_ttl,
     ready_at = NULL,
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
@@ -170,7 +173,7 @@ RETURNING *;
 SELECT generation, state, cancel_requested FROM runs WHERE run_id = :run_id;
 
 -- name: renew
-UPDATE runs SET lease_expires_at = :lease_expires_at
+UPDATE runs SET lease_expires_at = :lease_expires_at, lease_ttl = :lease_ttl
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
 RETURNING ledger_sequence;
@@ -361,11 +364,13 @@ WHERE run_id = :run_id AND state IN ('queued', 'waiting')
 RETURNING generation, ledger_sequence;
 
 -- name: cancel_request
+-- A running run is settled by its owner; one in needs_attention keeps its
+-- state, and the flag turns a later resolve with an output into canceled.
 UPDATE runs SET
     cancel_requested = 1,
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
-WHERE run_id = :run_id AND state = 'running' AND cancel_requested = 0
+WHERE run_id = :run_id AND state IN ('running', 'needs_attention') AND cancel_requested = 0
 RETURNING generation, ledger_sequence;
 
 -- name: resolve_entry
@@ -387,7 +392,7 @@ UPDATE runs SET
     worker = NULL,
     lease_expires_at = NULL,
     ready_at = NULL,
-    ledger_sequence = ledger_sequence + 1,
+    ledger_sequence = ledger_sequence + :receipts,
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'needs_attention'
 RETURNING ledger_sequence, parent_id;
@@ -404,8 +409,9 @@ WHERE w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
 ON CONFLICT (run_id, name) DO NOTHING;
 
 -- name: cancel_open_waits
--- A cancel reaching a running run settles its open waits, so a later signal
--- is answered with the cancel's receipt instead of one that is never applied.
+-- A cancel reaching a running (or needs_attention) run settles its open waits,
+-- so a later signal is answered with the cancel's receipt instead of one that
+-- is never applied.
 INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
 SELECT run_id, name, 'canceled', NULL, NULL, NULL, :now
 FROM waits WHERE run_id = :run_id AND kind <> 'channel'
@@ -419,6 +425,12 @@ UPDATE runs SET
     updated_at = :now
 WHERE state = 'waiting' AND ready_at <= :now
 RETURNING run_id, generation, ledger_sequence;
+
+-- name: sweep_clamp_leases
+-- A lease is never further ahead than its TTL: after the clock stepped back,
+-- a dead worker's run lapses one TTL from now, not when the clock catches up.
+UPDATE runs SET lease_expires_at = :now + lease_ttl
+WHERE state = 'running' AND lease_expires_at > :now + lease_ttl;
 
 -- name: sweep_orphan_waits
 -- Records of runs that are gone or have ended. A run that needs attention (or

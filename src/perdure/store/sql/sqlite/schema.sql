@@ -1,7 +1,7 @@
 -- The embedded store's schema: what the migrations in migrations/ produce.
 --
 -- Instants are INTEGER microseconds since the Unix epoch (UTC), so that
--- indexes order them correctly. Payloads, results, errors and inputs are
+-- indexes order them correctly; durations (lease_ttl) are microseconds too. Payloads, results, errors and inputs are
 -- JSON text the store never parses.
 
 CREATE TABLE perdure_schema (
@@ -31,6 +31,7 @@ CREATE TABLE runs (
     message_sequence INTEGER NOT NULL DEFAULT 0,
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
+    lease_ttl INTEGER,
     ledger_limit INTEGER NOT NULL DEFAULT 256
 );
 
@@ -42,6 +43,9 @@ CREATE INDEX runs_claim ON runs (app, state, ready_at, created_at);
 
 -- Sweeps: waiting runs whose ready_at passed, across apps.
 CREATE INDEX runs_waiting_ready ON runs (ready_at) WHERE state = 'waiting';
+
+-- Sweeps: leases further ahead than their TTL (the clock stepped back).
+CREATE INDEX runs_running ON runs (lease_expires_at) WHERE state = 'running';
 
 -- Child counts and recursive cancel.
 CREATE INDEX runs_parent ON runs (parent_id, state) WHERE parent_id IS NOT NULL;

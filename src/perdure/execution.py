@@ -1,0 +1,495 @@
+"""One claimed run: the runtime its Context talks to, and the drive to its next resting point.
+
+An :class:`Execution` validates what the claim read, runs the workflow code
+from the top (replay returns recorded outcomes until the first unrecorded
+position) and settles every way out: parked, ended, released or handed to an
+operator. It does all of the run's store I/O, fenced by its claim; the
+values workflow code records between two durable writes wait in its
+:class:`WriteBuffer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Protocol
+
+from perdure import codec, context, effects, errors, journal, replay, steps, validation
+from perdure import registry as registry_api
+from perdure.store import port
+
+log = logging.getLogger("perdure.worker")
+
+
+class Host(Protocol):
+    """What an execution needs from the worker that drives it."""
+
+    registry: registry_api.Registry
+    store: port.Store
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def wait_stopping(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds or until the worker stops; return whether it does."""
+        ...
+
+    def invoke(
+        self,
+        wf: registry_api.WorkflowDef,
+        ctx: context.Context,
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Call the workflow function with ``ctx`` bound."""
+        ...
+
+
+class WriteBuffer:
+    """Entries recorded since the last durable write, and the receipts to append with them."""
+
+    def __init__(self) -> None:
+        self._entries: list[journal.Entry] = []
+        self._marks: list[journal.Mark] = []
+
+    def add(self, entry: journal.Entry, mark: journal.Mark | None = None) -> None:
+        """Keep ``entry`` (replacing one at its position) and ``mark`` for the next write."""
+        self._entries = [e for e in self._entries if e.position != entry.position]
+        self._entries.append(entry)
+        if mark is not None:
+            self._marks.append(mark)
+
+    def take(self) -> tuple[list[journal.Entry], list[journal.Mark]]:
+        """Hand the buffered entries and marks to a write, emptying the buffer."""
+        entries, marks = self._entries, self._marks
+        self._entries, self._marks = [], []
+        return entries, marks
+
+    def restore(self, entries: list[journal.Entry], marks: list[journal.Mark]) -> None:
+        """Put back entries and marks whose write was refused, ahead of newer ones."""
+        newer = self._entries
+        self._entries = [e for e in entries if all(n.position != e.position for n in newer)]
+        self._entries += newer
+        self._marks[:0] = marks
+
+
+def _error(code: str, message: str, **extra: Any) -> str:
+    return codec.encode(steps.error_dict(code, message, **extra))
+
+
+class Execution:
+    """One claimed run being executed: implements the context's Runtime, owns the write buffer."""
+
+    def __init__(self, host: Host, claimed: port.Claimed) -> None:
+        self.host = host
+        self.store = host.store
+        self.claimed = claimed
+        self.run_ = claimed.run
+        self.lost: errors.LeaseLost | None = None
+        self._claim = claimed.claim
+        self._lock = threading.Lock()
+        self._buffer = WriteBuffer()
+        self._cursor: replay.JournalCursor | None = None
+        self._outcomes = {o.name: o for o in claimed.outcomes}
+        self.ctx: context.Context | None = None
+
+    # -- the claim, shared with the heartbeat -----------------------------------
+
+    @property
+    def claim(self) -> port.Claim:
+        with self._lock:
+            return self._claim
+
+    def renewed(self, claim: port.Claim) -> None:
+        with self._lock:
+            self._claim = replace(claim, canceling=self._claim.canceling)
+
+    def acknowledge_cancel(self) -> None:
+        with self._lock:
+            self._claim = replace(self._claim, canceling=True)
+
+    # -- the Runtime --------------------------------------------------------------
+
+    def check(self) -> None:
+        lost = self.lost
+        if lost is not None:
+            if isinstance(lost, errors.Canceled):
+                if self.claim.canceling:
+                    self.lost = None
+                    return
+                self.acknowledge_cancel()
+            raise lost
+        if self.host.stopping:
+            raise steps.Halt("release", {"code": "worker_stopping", "message": "worker stopping"})
+
+    def pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.host.wait_stopping(min(left, 0.05))
+            self.check()
+        self.check()
+
+    def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
+        return self.host.registry.workflow_ref(workflow)
+
+    def now(self) -> datetime:
+        now: datetime = self._guarded(self.store.now)
+        return now
+
+    def buffer(self, entry: journal.Entry, mark: journal.Mark | None = None) -> None:
+        self._buffer.add(entry, mark)
+
+    def recorded(self, position: int) -> journal.Entry | None:
+        return self._cursor.at(position) if self._cursor is not None else None
+
+    def outcome(self, name: str) -> journal.Outcome | None:
+        found = self._outcomes.get(name)
+        if found is None:
+            fresh = self._guarded(lambda: self.store.outcomes(self.run_.run_id))
+            self._outcomes = {o.name: o for o in fresh}
+            found = self._outcomes.get(name)
+        return found
+
+    def settle_timeout(self, name: str) -> journal.Outcome:
+        run_id = self.run_.run_id
+
+        def settle() -> journal.Outcome:
+            timeout = port.Outcome(run_id, name, "timed_out", None, None, None, self.now())
+            return self.store.settle_wait(run_id, name, timeout)[0]
+
+        outcome: journal.Outcome = self._guarded(settle)
+        return outcome
+
+    def next_message(self, channel: str, after_sequence: int) -> journal.Message | None:
+        message: journal.Message | None = self._guarded(
+            lambda: self.store.next_message(self.run_.run_id, channel, after_sequence)
+        )
+        return message
+
+    def create_children(self, children: list[context.NewChild]) -> list[str]:
+        new = [
+            port.NewRun(
+                run_id=uuid.uuid4().hex,
+                app=self.run_.app,
+                workflow=child.workflow,
+                version=child.version,
+                input=child.input,
+                key=child.key,
+                parent_id=self.run_.run_id,
+            )
+            for child in children
+        ]
+        created: list[port.Run] = self._guarded(lambda: self.store.create_children(self.claim, new))
+        by_key = {run.key: run for run in created}
+        for asked in new:
+            found = by_key.get(asked.key)
+            # A key names one start: a replayed call finds its own child, but a
+            # caller's key that names another child is a conflict, not a match.
+            if (
+                found is not None
+                and found.run_id != asked.run_id
+                and not port.same_start(found, asked)
+            ):
+                raise errors.KeyConflict(str(asked.key), found, asked.workflow)
+        return [by_key[run.key].run_id if run.key in by_key else run.run_id for run in new]
+
+    def begin_effect(self, entry: journal.Entry, marks: list[journal.Mark]) -> None:
+        self._write(self.store.begin_effect, entry, marks)
+
+    def finish_step(self, entry: journal.Entry, marks: list[journal.Mark]) -> None:
+        self._write(self.store.finish_step, entry, marks)
+
+    def transaction_step(
+        self, body: Callable[[Any], journal.Entry], marks: list[journal.Mark]
+    ) -> journal.Entry:
+        entries, buffered = self._buffer.take()
+        try:
+            recorded: journal.Entry = self._guarded(
+                lambda: self.store.transaction_step(self.claim, entries, body, [*buffered, *marks])
+            )
+        except BaseException:
+            self._buffer.restore(entries, buffered)
+            raise
+        self._written([*entries, recorded])
+        return recorded
+
+    # -- writing ------------------------------------------------------------------
+
+    def _write(
+        self,
+        op: Callable[[port.Claim, Sequence[journal.Entry], Sequence[journal.Mark]], None],
+        entry: journal.Entry,
+        marks: list[journal.Mark],
+    ) -> None:
+        """Write buffered entries plus ``entry`` through a fenced store operation.
+
+        When the run's cancel refuses the write, an outcome that already
+        happened (``entry`` is not a ``started`` one) is still recorded before
+        the workflow is told; an effect that was about to start is not.
+        """
+        self._buffer.add(entry)
+        entries, buffered = self._buffer.take()
+        try:
+            self._guarded(lambda: op(self.claim, entries, [*buffered, *marks]))
+        except errors.Canceled:
+            if self.claim.canceling:
+                raise
+            self.acknowledge_cancel()
+            if entry.status == "started" and not journal.retry_due(entry):
+                # The effect was about to start: it did not, so nothing is recorded.
+                kept = [e for e in entries if e.position != entry.position]
+                self._buffer.restore(kept, buffered)
+                raise
+            self._guarded(lambda: op(self.claim, entries, [*buffered, *marks]))
+            self._written(entries)
+            raise
+        self._written(entries)
+
+    def _written(self, entries: list[journal.Entry]) -> None:
+        """Note entries the store now holds, so a later pass replays them."""
+        if self._cursor is not None:
+            for entry in entries:
+                self._cursor.record(entry)
+
+    def _guarded(self, fn: Callable[[], Any]) -> Any:
+        """Call the store; a failure of the store (not a fence) releases the run."""
+        try:
+            return fn()
+        except (errors.Interrupt, errors.CorruptState, errors.NonDeterminism):
+            raise
+        except errors.PerdureError as exc:
+            if isinstance(exc, errors.StoreError):
+                raise steps.Halt("fault", steps.error_dict(exc.code, str(exc))) from exc
+            raise
+        except Exception as exc:
+            error = steps.error_dict("store_error", f"{type(exc).__name__}: {exc}")
+            raise steps.Halt("fault", error) from exc
+
+    # -- the drive ----------------------------------------------------------------
+
+    def run(self) -> datetime | None:
+        """Execute the run to its next resting point (parked, ended or released).
+
+        Returns the earliest instant the run parked until, for the worker to
+        look for it again then.
+        """
+        run = self.run_
+        log.info(
+            "run %s claimed by %s (generation %d%s)",
+            run.run_id,
+            self.claim.worker,
+            self.claim.generation,
+            ", recovered" if self.claimed.recovered else "",
+        )
+        try:
+            validation.run(run, max_failures=self.host.registry.max_failures)
+            validation.journal(run.run_id, self.claimed.journal)
+            validation.outcomes(run.run_id, self.claimed.outcomes, self.claimed.journal)
+        except errors.CorruptState as exc:
+            log.error("run %s: %s", run.run_id, exc)
+            self._finish(
+                "needs_attention", error=_error(exc.code, str(exc), invariant=exc.invariant)
+            )
+            return None
+        if run.cancel_requested:
+            self.acknowledge_cancel()
+            self._settle_cancel()
+            return None
+        if run.failures >= self.host.registry.max_failures:
+            self._finish(
+                "needs_attention",
+                error=_error(
+                    "poison_run", f"{run.failures} consecutive attempts failed; not retrying"
+                ),
+            )
+            return None
+        wf = self.host.registry.workflow_def(run.workflow)
+        if wf is None or wf.version != run.version:
+            self._finish(
+                "needs_attention",
+                error=_error(
+                    "workflow_not_found", f"this worker has no {run.workflow} version {run.version}"
+                ),
+            )
+            return None
+        try:
+            self._cursor = replay.JournalCursor(run.run_id, self.claimed.journal)
+            self.ctx = context.Context(
+                run_id=run.run_id, workflow=run.workflow, runtime=self, cursor=self._cursor
+            )
+            args, kwargs = self._inputs(wf)
+        except errors.CorruptState as exc:
+            self._finish(
+                "needs_attention", error=_error(exc.code, str(exc), invariant=exc.invariant)
+            )
+            return None
+        except errors.InvalidPayload as exc:
+            # Well-formed input that this version's type hints do not accept.
+            self._finish("failed", error=_error(exc.code, f"the run's input: {exc}"))
+            return None
+        return self._loop(wf, self.ctx, args, kwargs)
+
+    def _inputs(self, wf: registry_api.WorkflowDef) -> tuple[list[Any], dict[str, Any]]:
+        try:
+            data = codec.decode(self.run_.input)
+        except errors.InvalidPayload as exc:
+            raise errors.CorruptState(self.run_.run_id, "run_input_json", str(exc)) from exc
+        if not isinstance(data, dict) or not isinstance(data.get("args"), list):
+            raise errors.CorruptState(
+                self.run_.run_id, "run_input_shape", "expected {args, kwargs}"
+            )
+        names = list(wf.params)
+        args = [
+            codec.convert(v, wf.params[names[i]]) if i < len(names) else v
+            for i, v in enumerate(data["args"])
+        ]
+        kwargs = {k: codec.convert(v, wf.params.get(k)) for k, v in data.get("kwargs", {}).items()}
+        return args, kwargs
+
+    def _loop(
+        self,
+        wf: registry_api.WorkflowDef,
+        ctx: context.Context,
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> datetime | None:
+        while True:
+            try:
+                result = self.host.invoke(wf, ctx, args, kwargs)
+            except context.Parked as parked:
+                entries, marks = self._buffer.take()
+                try:
+                    done = self.store.park(
+                        self.claim, entries, parked.waits, wake_at=parked.wake_at, marks=marks
+                    )
+                except errors.Canceled:
+                    self._buffer.restore(entries, marks)
+                    self.acknowledge_cancel()
+                    self._settle_cancel()
+                    return None
+                except errors.LeaseLost:
+                    raise
+                except Exception as exc:
+                    # The park did not happen: give the run back (with backoff)
+                    # rather than leave it running until its lease lapses.
+                    self._release(failed=True, why=f"could not park: {exc}")
+                    return None
+                self._written(entries)
+                if done:
+                    log.info(
+                        "run %s parked (%s)",
+                        self.run_.run_id,
+                        ", ".join(w.name for w in parked.waits) or f"until {parked.wake_at}",
+                    )
+                    deadlines = [w.deadline for w in parked.waits if w.deadline] + (
+                        [parked.wake_at] if parked.wake_at else []
+                    )
+                    return min(deadlines) if deadlines else None
+                self._outcomes = {o.name: o for o in self.store.outcomes(self.run_.run_id)}
+                ctx.restart()
+                continue
+            except BaseException as exc:  # every exit is settled below
+                self._settle(exc)
+                return None
+            try:
+                text = codec.encode(result)
+            except errors.InvalidPayload as exc:
+                self._finish("failed", error=_error(exc.code, str(exc)))
+                return None
+            self._finish("succeeded", result=text)
+            return None
+
+    def _settle(self, exc: BaseException) -> None:
+        if isinstance(exc, errors.StaleClaim):
+            raise exc
+        if isinstance(exc, errors.Canceled):
+            self.acknowledge_cancel()
+            self._settle_cancel()
+        elif isinstance(exc, steps.Halt):
+            if exc.reason == "needs_attention":
+                self._finish("needs_attention", error=codec.encode(exc.error))
+            elif exc.reason == "release":
+                self._release(failed=False, why="worker stopping")
+            else:
+                self._release(failed=True, why=exc.error.get("message", ""))
+        elif isinstance(exc, errors.CorruptState):
+            self._finish("needs_attention", error=_error(exc.code, str(exc)))
+        elif isinstance(exc, errors.StepFailed):
+            self._finish("failed", error=_error(exc.code, str(exc), step=exc.step))
+        elif isinstance(exc, errors.WaitTimedOut | errors.ChildFailed | errors.InvalidPayload):
+            self._finish("failed", error=_error(exc.code, str(exc)))
+        elif isinstance(exc, Exception):
+            self._finish(
+                "failed",
+                error=_error(
+                    "workflow_failed", f"{type(exc).__name__}: {exc}", type=type(exc).__name__
+                ),
+            )
+        else:
+            raise exc
+
+    def unsettled_effect(self) -> str | None:
+        """Return the ``once`` step whose effect started with no recorded outcome, if any."""
+        known = self._cursor.entries() if self._cursor is not None else self.claimed.journal
+        return next((e.name for e in known if journal.unsettled(e)), None)
+
+    def _settle_cancel(self) -> None:
+        unsettled = self.unsettled_effect()
+        if unsettled is not None:
+            self._finish(
+                "needs_attention",
+                error=_error(
+                    "effect_outcome_unknown",
+                    f"the run was canceled while the effect of step {unsettled} was unsettled",
+                    step=unsettled,
+                ),
+            )
+        else:
+            # As when the store cancels a queued or waiting run: no error.
+            self._finish("canceled")
+
+    def _finish(
+        self, state: port.RunState, *, result: str | None = None, error: str | None = None
+    ) -> None:
+        entries, marks = self._buffer.take()
+        try:
+            self.store.finish(
+                self.claim, entries, state=state, result=result, error=error, marks=marks
+            )
+        except errors.Canceled:
+            if state in ("canceled", "needs_attention"):
+                raise
+            self._buffer.restore(entries, marks)
+            self.acknowledge_cancel()
+            self._settle_cancel()
+            return
+        except errors.StaleClaim:
+            raise
+        except Exception as exc:
+            log.warning("run %s: could not record %s: %s", self.run_.run_id, state, exc)
+            return
+        detail = f": {codec.decode(error).get('message')}" if error else ""
+        log.info("run %s %s%s", self.run_.run_id, state, detail)
+
+    def _release(self, *, failed: bool, why: str) -> None:
+        failures = self.run_.failures + (1 if failed else 0)
+        if failed and failures >= self.host.registry.max_failures:
+            self._finish(
+                "needs_attention",
+                error=_error("poison_run", f"{failures} consecutive attempts failed; last: {why}"),
+            )
+            return
+        delay = effects.release_backoff(failures) if failed else 0.0
+        try:
+            self.store.release(self.claim, delay=delay, failed=failed)
+        except errors.LeaseLost:
+            raise
+        except Exception as exc:
+            log.warning("run %s: release failed (%s); its lease will lapse", self.run_.run_id, exc)
+            return
+        log.info("run %s released%s", self.run_.run_id, f" after failure: {why}" if failed else "")

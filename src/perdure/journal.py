@@ -1,0 +1,439 @@
+"""The body of every journal entry kind: one typed record, one encoder, one decoder.
+
+An entry's ``output`` (status ``ok`` or ``started``) or ``error`` (status
+``error``, or a ``started`` step whose attempt certainly failed) holds its
+body as JSON text. Everything that writes or reads a body goes through the
+records below, so the engine, the client, forks and validation agree on one
+shape::
+
+    kind          status    column   body
+    step          ok        output   Value          the step's result
+    step          error     error    StepError      {type, message, code}
+    step          started   error    AttemptFailed  {code: effect_failed, type, message} or none
+    sleep         ok        output   Instant        the wake-up instant, ISO 8601 text
+    now           ok        output   Instant        the instant first read
+    random        ok        output   Random         a float in [0, 1)
+    uuid          ok        output   Uuid           the UUID's text
+    wait          started   output   Opened         {deadline}
+    wait          ok        output   Signaled       {payload, signal_id, at, digest}
+    wait          error     error    WaitEnded      {code, message, outcome, at}
+    receive       started   output   Opened         {deadline}
+    receive       ok        output   Received       {key, payload, sequence}
+    receive       error     error    ReceiveTimedOut {code, message}
+    child         ok        output   ChildStarted   {run_id}
+    child_result  ok        output   Value          the child's result
+    child_result  error     error    ChildEnded     {code, message, state, child_error}
+
+A decoder refuses a body of another shape with :class:`Unreadable` (a
+``ValueError``; text that is not JSON raises ``errors.InvalidPayload``, also
+one): the caller decides whether that is corruption or an older shape.
+
+The store's records that the engine layers above speak (entries, marks,
+outcomes, messages, waits) are named here too, so that the context and the
+step machinery never import the store.
+"""
+
+from __future__ import annotations
+
+import uuid as _uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeAlias
+
+from perdure import codec
+from perdure.store import port
+
+Entry: TypeAlias = port.JournalEntry
+EntryStatus: TypeAlias = port.EntryStatus
+Mark: TypeAlias = port.Mark
+Outcome: TypeAlias = port.Outcome
+Message: TypeAlias = port.Message
+WaitSpec: TypeAlias = port.WaitSpec
+
+
+class Unreadable(ValueError):
+    """A journal body that is not of the shape its kind is written in."""
+
+
+def _object(text: str | None) -> dict[str, Any]:
+    data = codec.decode(text or "null")
+    if not isinstance(data, dict):
+        raise Unreadable(f"expected an object, found {type(data).__name__}")
+    return data
+
+
+def _field(data: dict[str, Any], name: str) -> Any:
+    try:
+        return data[name]
+    except KeyError:
+        raise Unreadable(f"no {name!r}") from None
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise Unreadable(f"{name!r} is not text")
+    return value
+
+
+def _optional_text(value: Any, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
+
+def instant(value: Any) -> datetime:
+    """Read a journaled instant: ISO 8601 text with a time zone."""
+    try:
+        when = datetime.fromisoformat(_text(value, "instant"))
+    except ValueError as exc:
+        raise Unreadable(str(exc)) from exc
+    if when.tzinfo is None:
+        raise Unreadable(f"{value!r} has no time zone")
+    return when
+
+
+def _optional_instant(value: Any) -> datetime | None:
+    return None if value is None else instant(value)
+
+
+# -- values ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Value:
+    """A recorded value as it decodes from JSON: a step's or a child's result."""
+
+    value: Any
+
+    def encode(self) -> str:
+        return codec.encode(self.value)
+
+    @classmethod
+    def decode(cls, text: str | None) -> Value:
+        return cls(codec.decode(text or "null"))
+
+
+@dataclass(frozen=True)
+class Instant:
+    """A journaled instant (``sleep``'s wake-up, ``now``'s reading), aware."""
+
+    value: datetime
+
+    def encode(self) -> str:
+        return codec.encode(self.value.isoformat())
+
+    @classmethod
+    def decode(cls, text: str | None) -> Instant:
+        return cls(instant(codec.decode(text or "null")))
+
+
+@dataclass(frozen=True)
+class Random:
+    """A ``random`` entry: the float first drawn."""
+
+    value: float
+
+    def encode(self) -> str:
+        return codec.encode(self.value)
+
+    @classmethod
+    def decode(cls, text: str | None) -> Random:
+        value = codec.decode(text or "null")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise Unreadable("a random value is not a number")
+        return cls(float(value))
+
+
+@dataclass(frozen=True)
+class Uuid:
+    """A ``uuid`` entry: the UUID first drawn."""
+
+    value: _uuid.UUID
+
+    def encode(self) -> str:
+        return codec.encode(str(self.value))
+
+    @classmethod
+    def decode(cls, text: str | None) -> Uuid:
+        return cls(_uuid.UUID(_text(codec.decode(text or "null"), "uuid")))
+
+
+# -- steps -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepError:
+    """The error of a step that failed for good (or was canceled before its outcome)."""
+
+    type: str
+    message: str
+    code: str = "step_failed"
+
+    def encode(self) -> str:
+        return codec.encode({"type": self.type, "message": self.message, "code": self.code})
+
+    @classmethod
+    def decode(cls, text: str | None) -> StepError:
+        data = _object(text)
+        return cls(str(data.get("type")), str(data.get("message")), str(data.get("code")))
+
+
+@dataclass(frozen=True)
+class AttemptFailed:
+    """The error of a ``started`` step whose attempt certainly did not happen.
+
+    The effect raised ``EffectFailed`` and a retry is due: the position is not
+    an unsettled effect.
+    """
+
+    type: str
+    message: str
+
+    def encode(self) -> str:
+        return codec.encode({"code": "effect_failed", "type": self.type, "message": self.message})
+
+    @classmethod
+    def decode(cls, text: str | None) -> AttemptFailed | None:
+        """Return the failed attempt, or None for an error of another kind."""
+        data = codec.decode(text or "null")
+        if not isinstance(data, dict) or data.get("code") != "effect_failed":
+            return None
+        return cls(str(data.get("type")), str(data.get("message")))
+
+
+def retry_due(entry: Entry) -> bool:
+    """Whether a ``started`` entry records an attempt whose effect certainly failed."""
+    if entry.status != "started" or entry.error is None:
+        return False
+    return AttemptFailed.decode(entry.error) is not None
+
+
+def unsettled(entry: Entry) -> bool:
+    """Whether the entry is a ``once`` effect that may have escaped without a record."""
+    return entry.kind == "step" and entry.status == "started" and not retry_due(entry)
+
+
+# -- waits and receives ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A ``wait`` or ``receive`` reached and not settled yet: its journaled deadline."""
+
+    deadline: datetime | None
+
+    def encode(self) -> str:
+        return codec.encode({"deadline": self.deadline.isoformat() if self.deadline else None})
+
+    @classmethod
+    def decode(cls, text: str | None) -> Opened:
+        return cls(_optional_instant(_field(_object(text), "deadline")))
+
+
+@dataclass(frozen=True)
+class Signaled:
+    """A wait a signal settled: its payload and the receipt's fields.
+
+    The receipt is kept so that a sender's retry is answered from the journal
+    once the run has ended and its outcome record is gone.
+    """
+
+    payload: Any
+    signal_id: str | None
+    at: datetime
+    digest: str | None
+
+    @classmethod
+    def of(cls, outcome: Outcome) -> Signaled:
+        payload = codec.decode(outcome.payload) if outcome.payload is not None else None
+        return cls(payload, outcome.signal_id, outcome.at, outcome.payload_digest)
+
+    def encode(self) -> str:
+        return codec.encode(
+            {
+                "payload": self.payload,
+                "signal_id": self.signal_id,
+                "at": self.at.isoformat(),
+                "digest": self.digest,
+            }
+        )
+
+    @classmethod
+    def decode(cls, text: str | None) -> Signaled:
+        data = _object(text)
+        return cls(
+            _field(data, "payload"),
+            _optional_text(data.get("signal_id"), "signal_id"),
+            instant(_field(data, "at")),
+            _optional_text(data.get("digest"), "digest"),
+        )
+
+
+@dataclass(frozen=True)
+class WaitEnded:
+    """A wait a timeout or a cancel settled."""
+
+    code: str
+    message: str
+    outcome: str
+    at: datetime
+
+    @classmethod
+    def of(cls, outcome: Outcome) -> WaitEnded:
+        code = "wait_timeout" if outcome.outcome == "timed_out" else "canceled"
+        return cls(code, f"wait {outcome.name!r} {outcome.outcome}", outcome.outcome, outcome.at)
+
+    def encode(self) -> str:
+        return codec.encode(
+            {
+                "code": self.code,
+                "message": self.message,
+                "outcome": self.outcome,
+                "at": self.at.isoformat(),
+            }
+        )
+
+    @classmethod
+    def decode(cls, text: str | None) -> WaitEnded:
+        data = _object(text)
+        return cls(
+            str(data.get("code")),
+            str(data.get("message")),
+            str(data.get("outcome", "timed_out")),
+            instant(_field(data, "at")),
+        )
+
+
+def settled_wait(position: int, outcome: Outcome) -> tuple[Entry, Mark]:
+    """Return the entry that applies a wait's outcome record, and its receipt."""
+    mark = Mark("outcome_applied", outcome.name, outcome.payload_digest)
+    if outcome.outcome == "signaled":
+        entry = Entry(position, "wait", outcome.name, "ok", Signaled.of(outcome).encode())
+    else:
+        entry = Entry(position, "wait", outcome.name, "error", error=WaitEnded.of(outcome).encode())
+    return entry, mark
+
+
+@dataclass(frozen=True)
+class Received:
+    """A channel message a ``receive`` consumed."""
+
+    key: str
+    payload: Any
+    sequence: int
+
+    @classmethod
+    def of(cls, message: Message) -> Received:
+        return cls(message.key, codec.decode(message.payload), message.sequence)
+
+    def encode(self) -> str:
+        return codec.encode({"key": self.key, "payload": self.payload, "sequence": self.sequence})
+
+    @classmethod
+    def decode(cls, text: str | None) -> Received:
+        data = _object(text)
+        sequence = _field(data, "sequence")
+        if isinstance(sequence, bool) or not isinstance(sequence, int):
+            raise Unreadable("'sequence' is not an integer")
+        return cls(str(_field(data, "key")), _field(data, "payload"), sequence)
+
+
+@dataclass(frozen=True)
+class ReceiveTimedOut:
+    """A ``receive`` whose deadline passed with no message."""
+
+    code: str
+    message: str
+
+    @classmethod
+    def on(cls, channel: str) -> ReceiveTimedOut:
+        return cls("wait_timeout", f"receive on {channel!r} timed out")
+
+    def encode(self) -> str:
+        return codec.encode({"code": self.code, "message": self.message})
+
+    @classmethod
+    def decode(cls, text: str | None) -> ReceiveTimedOut:
+        data = _object(text)
+        return cls(str(data.get("code")), str(data.get("message")))
+
+
+# -- child runs ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChildStarted:
+    """A child run this run started at the position."""
+
+    run_id: str
+
+    def encode(self) -> str:
+        return codec.encode({"run_id": self.run_id})
+
+    @classmethod
+    def decode(cls, text: str | None) -> ChildStarted:
+        return cls(_text(_field(_object(text), "run_id"), "run_id"))
+
+
+@dataclass(frozen=True)
+class ChildOutcome:
+    """The outcome record a child's end leaves for its parent (written by the store)."""
+
+    state: str | None
+    result: Any
+    error: Any
+
+    @classmethod
+    def decode(cls, text: str | None) -> ChildOutcome:
+        data = _object(text or "{}")
+        state = data.get("state")
+        return cls(None if state is None else str(state), data.get("result"), data.get("error"))
+
+
+@dataclass(frozen=True)
+class ChildEnded:
+    """A child that did not succeed, as its parent recorded it."""
+
+    code: str
+    message: str
+    state: str | None
+    child_error: Any
+
+    @classmethod
+    def of(cls, child_id: str, outcome: ChildOutcome) -> ChildEnded:
+        return cls(
+            "child_failed",
+            f"child run {child_id} ended {outcome.state}",
+            outcome.state,
+            outcome.error,
+        )
+
+    def encode(self) -> str:
+        return codec.encode(
+            {
+                "code": self.code,
+                "message": self.message,
+                "state": self.state,
+                "child_error": self.child_error,
+            }
+        )
+
+    @classmethod
+    def decode(cls, text: str | None) -> ChildEnded:
+        data = _object(text)
+        state = data.get("state")
+        return cls(
+            str(data.get("code")),
+            str(data.get("message")),
+            None if state is None else str(state),
+            data.get("child_error"),
+        )
+
+
+def child_result(position: int, child_id: str, outcome: Outcome) -> tuple[Entry, Mark]:
+    """Return the entry that applies a child's outcome record, and its receipt."""
+    ended = ChildOutcome.decode(outcome.payload)
+    if ended.state == "succeeded":
+        entry = Entry(position, "child_result", child_id, "ok", Value(ended.result).encode())
+    else:
+        body = ChildEnded.of(child_id, ended)
+        entry = Entry(position, "child_result", child_id, "error", error=body.encode())
+    return entry, Mark("outcome_applied", f"child:{child_id}", outcome.payload_digest)

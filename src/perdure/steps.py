@@ -1,0 +1,309 @@
+"""One step call: replay its outcome, or run its attempts and record the outcome.
+
+A ``once`` step records that its effect starts before each attempt; every
+step records its final outcome. All writes go through the :class:`Runtime`
+the worker's execution supplies, which buffers the values recorded since the
+last write and commits them with the step, so a step costs one commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
+
+from perdure import codec, effects, errors, journal
+
+_STEP_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "perdure_step_key", default=None
+)
+
+
+def in_step() -> bool:
+    """Whether the calling code runs inside a step's body."""
+    return _STEP_KEY.get() is not None
+
+
+def idempotency_key() -> str:
+    """Return the running step's stable idempotency key (``run_id/step key``).
+
+    Raises:
+        errors.InvalidInput: called outside a step body.
+    """
+    key = _STEP_KEY.get()
+    if key is None:
+        raise errors.InvalidInput("idempotency_key() is only available inside a step")
+    return key
+
+
+class Halt(errors.Interrupt):
+    """Stop executing the run and settle it as ``reason`` says."""
+
+    def __init__(self, reason: str, error: dict[str, Any] | None = None) -> None:
+        self.reason = reason  # "needs_attention" | "release" | "fault"
+        self.error = error or {}
+        super().__init__(f"{reason}: {self.error.get('message', '')}")
+
+
+def error_dict(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """Return a run error: a code, a sentence and whatever names the culprit."""
+    return {"code": code, "message": message, **extra}
+
+
+def unreadable(run_id: str, entry: journal.Entry, exc: Exception) -> Halt:
+    """Return the stop for a recorded body of a shape this code never writes."""
+    return Halt(
+        "needs_attention",
+        error_dict(
+            "corrupt_state",
+            f"run {run_id} position {entry.position}: unreadable {entry.kind} entry ({exc})",
+            invariant="journal_output_shape",
+        ),
+    )
+
+
+class Runtime(Protocol):
+    """What a step call needs from the execution it runs in."""
+
+    def check(self) -> None:
+        """Raise if the run must stop (lease lost, canceled, worker stopping).
+
+        A cancel is raised once and acknowledged as it is raised, so that
+        clean-up steps are journaled afterwards.
+        """
+
+    def pause(self, seconds: float) -> None:
+        """Wait between attempts; raise as :meth:`check` does if the run must stop."""
+
+    def recorded(self, position: int) -> journal.Entry | None:
+        """Return the entry stored at ``position``, as far as this execution knows."""
+
+    def begin_effect(self, entry: journal.Entry, marks: list[journal.Mark]) -> None:
+        """Record (fenced, with the buffered entries) that a ``once`` effect starts."""
+
+    def finish_step(self, entry: journal.Entry, marks: list[journal.Mark]) -> None:
+        """Record (fenced, with the buffered entries) a step's outcome.
+
+        If the run's cancel refuses the write, an outcome that happened is
+        still recorded before :class:`errors.Canceled` is raised.
+        """
+
+    def transaction_step(
+        self, body: Callable[[Any], journal.Entry], marks: list[journal.Mark]
+    ) -> journal.Entry:
+        """Record the entry ``body(connection)`` returns in the transaction it ran in.
+
+        If anything raises, nothing is stored, the buffer is kept and the
+        exception propagates.
+        """
+
+
+class StepCall:
+    """One call of a step at its journal position."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        run_id: str,
+        fn: Callable[..., Any],
+        opts: effects.StepOptions,
+        key: str,
+        position: int,
+        recorded: journal.Entry | None,
+    ) -> None:
+        self.runtime = runtime
+        self.run_id = run_id
+        self.opts = opts
+        self.hint = codec.return_hint(getattr(fn, "__wrapped__", fn))
+        self.key = key
+        self.position = position
+        self.attempt = 0
+        self.value: Any = None
+        if recorded is not None and journal.retry_due(recorded):
+            # The last attempt certainly did not happen: carry on with the next.
+            self.attempt = recorded.attempt
+            recorded = None
+        self.replayed = recorded is not None
+        if recorded is not None:
+            self.value = self._replay(recorded)
+
+    def _replay(self, entry: journal.Entry) -> Any:
+        if entry.status == "ok":
+            return codec.convert(journal.Value.decode(entry.output).value, self.hint)
+        if entry.status == "error":
+            err = journal.StepError.decode(entry.error or "{}")
+            raise errors.StepFailed(self.key, err.type, err.message)
+        raise Halt(
+            "needs_attention",
+            error_dict(
+                "effect_outcome_unknown",
+                f"step {self.key} started its effect (attempt {entry.attempt}) and its outcome "
+                "was never recorded; resolve it with its real outcome",
+                step=self.key,
+                attempt=entry.attempt,
+            ),
+        )
+
+    def _entry(self, status: journal.EntryStatus, **body: Any) -> journal.Entry:
+        return journal.Entry(self.position, "step", self.key, status, **body)
+
+    def before(self) -> None:
+        self.attempt += 1
+        if self.opts.effect == "once":
+            started = self._entry("started", attempt=self.attempt)
+            self.runtime.begin_effect(started, [journal.Mark("effect_started", self.key)])
+        else:
+            self.runtime.check()
+
+    @contextlib.contextmanager
+    def abandoned_on_cancel(self) -> Iterator[None]:
+        """Record the step as canceled if a cancel stops it before it has an outcome.
+
+        Its position is taken; leaving it empty would make the next durable
+        call (a clean-up step in a ``finally``) leave a gap in the journal.
+        """
+        try:
+            yield
+        except errors.Canceled:
+            recorded = self.runtime.recorded(self.position)
+            # Never over an unsettled effect: only an empty position, or one
+            # whose last attempt certainly did not happen.
+            if recorded is None or journal.retry_due(recorded):
+                error = journal.StepError(
+                    "Canceled", "the run was canceled before this step finished", "canceled"
+                )
+                entry = self._entry("error", error=error.encode(), attempt=max(1, self.attempt))
+                self.runtime.finish_step(entry, [journal.Mark("step_failed", self.key)])
+            raise
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        token = _STEP_KEY.set(effects.idempotency_key(self.run_id, self.key))
+        try:
+            yield
+        finally:
+            _STEP_KEY.reset(token)
+
+    def succeeded(self, value: Any) -> Any:
+        try:
+            text = journal.Value(value).encode()
+        except errors.InvalidPayload as exc:
+            self.failed(exc, final=True)
+            raise  # failed() always raises here
+        entry = journal.Entry(self.position, "step", self.key, "ok", text, attempt=self.attempt)
+        marks = [journal.Mark("step_completed", self.key, codec.digest(text))]
+        if self.opts.effect != "once":
+            marks.insert(0, journal.Mark("step_started", self.key))
+        self.runtime.finish_step(entry, marks)
+        return codec.convert(journal.Value.decode(text).value, self.hint)
+
+    def failed(self, exc: Exception, *, final: bool = False) -> float:
+        """Return the pause before the next attempt, or raise what the workflow sees."""
+        once = self.opts.effect == "once"
+        if once and not isinstance(exc, errors.EffectFailed):
+            raise Halt(
+                "needs_attention",
+                error_dict(
+                    "effect_outcome_unknown",
+                    f"step {self.key} started its effect (attempt {self.attempt}) and then "
+                    f"{type(exc).__name__}: {exc}; its outcome is not recorded",
+                    step=self.key,
+                    attempt=self.attempt,
+                ),
+            ) from exc
+        if not final and self.opts.retry.should_retry(self.attempt, exc):
+            if once:
+                # Record that this attempt did not happen, so that a stop or a
+                # lost lease during the pause is not mistaken for an ambiguity.
+                attempt = journal.AttemptFailed(type(exc).__name__, str(exc))
+                retry = self._entry("started", error=attempt.encode(), attempt=self.attempt)
+                self.runtime.finish_step(retry, [journal.Mark("step_failed", self.key)])
+            return self.opts.retry.delay(self.attempt)
+        error = journal.StepError(type(exc).__name__, str(exc))
+        entry = self._entry("error", error=error.encode(), attempt=self.attempt)
+        marks = [journal.Mark("step_failed", self.key)]
+        if not once:
+            marks.insert(0, journal.Mark("step_started", self.key))
+        self.runtime.finish_step(entry, marks)
+        raise errors.StepFailed(self.key, type(exc).__name__, str(exc)) from exc
+
+    def transact(self, body: Callable[[Any], Any]) -> Any:
+        self.attempt = 1
+        self.runtime.check()
+        raised: list[Exception] = []
+
+        def run(conn: Any) -> journal.Entry:
+            try:
+                text = journal.Value(body(conn)).encode()
+            except Exception as exc:
+                raised.append(exc)  # the step's own failure, not the store's
+                raise
+            return self._entry("ok", output=text)
+
+        marks = [journal.Mark("step_started", self.key), journal.Mark("step_completed", self.key)]
+        try:
+            recorded = self.runtime.transaction_step(run, marks)
+        except BaseException:
+            if not raised:
+                raise
+            exc = raised[0]
+            # The body's writes were rolled back with the transaction.
+            error = journal.StepError(type(exc).__name__, str(exc))
+            failed = self._entry("error", error=error.encode())
+            self.runtime.finish_step(failed, [journal.Mark("step_failed", self.key)])
+            raise errors.StepFailed(self.key, type(exc).__name__, str(exc)) from exc
+        return codec.convert(journal.Value.decode(recorded.output).value, self.hint)
+
+
+def options(fn: Callable[..., Any]) -> effects.StepOptions:
+    """Return a step's declared options (a bare function is an idempotent step)."""
+    return effects.options_of(fn) or effects.StepOptions(name=getattr(fn, "__name__", "step"))
+
+
+def unwrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Return the declared function behind an ``@app.step`` wrapper."""
+    inner = getattr(fn, "__wrapped__", None)
+    return inner if inner is not None and effects.options_of(fn) is not None else fn
+
+
+def run(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """Run a step's attempts until one succeeds or the failure is final."""
+    if call.replayed:
+        return call.value
+    with call.abandoned_on_cancel():
+        while True:
+            call.before()
+            try:
+                with call.scope():
+                    value = fn(*args, **kwargs)
+            except Exception as exc:
+                call.runtime.pause(call.failed(exc))
+                continue
+            return call.succeeded(value)
+
+
+async def arun(call: StepCall, fn: Callable[..., Awaitable[Any]], args: Any, kwargs: Any) -> Any:
+    """Run an ``async`` step's attempts; pauses between them yield the event loop."""
+    if call.replayed:
+        return call.value
+    with call.abandoned_on_cancel():
+        while True:
+            call.before()
+            try:
+                with call.scope():
+                    value = await fn(*args, **kwargs)
+            except Exception as exc:
+                await asyncio.sleep(call.failed(exc))
+                call.runtime.check()
+                continue
+            return call.succeeded(value)
+
+
+def run_transaction(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """Run ``fn(connection, ...)`` inside the transaction that records its outcome."""
+    if call.replayed:
+        return call.value
+    with call.abandoned_on_cancel():
+        return call.transact(lambda conn: fn(conn, *args, **kwargs))
