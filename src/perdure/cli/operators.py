@@ -53,6 +53,7 @@ def cancel(run_id: str, store_url: str | None, as_json: bool) -> None:
 @click.argument("step")
 @click.option(
     "--output",
+    "output_",
     type=common.JsonValue(),
     default=None,
     metavar="JSON",
@@ -70,7 +71,7 @@ def cancel(run_id: str, store_url: str | None, as_json: bool) -> None:
 def resolve(
     run_id: str,
     step: str,
-    output: Any,
+    output_: Any,
     error_: str | None,
     note: str | None,
     store_url: str | None,
@@ -78,13 +79,13 @@ def resolve(
 ) -> None:
     """Settle the ambiguous STEP of a needs_attention run."""
     ctx = click.get_current_context()
-    given_output = ctx.get_parameter_source("output") == click.core.ParameterSource.COMMANDLINE
+    given_output = ctx.get_parameter_source("output_") == click.core.ParameterSource.COMMANDLINE
     if given_output == (error_ is not None):
         raise errors.InvalidInput("give exactly one of --output JSON or --error MSG")
     with common.opened(store_url) as store:
         client = common.client_for_run(store, run_id)
         if given_output:
-            info = client.resolve(run_id, step, output=output, note=note)
+            info = client.resolve(run_id, step, output=output_, note=note)
         else:
             info = client.resolve(run_id, step, error=error_, note=note)
     if as_json:
