@@ -74,12 +74,14 @@ class Keeper:
         lease_ttl: float,
         heartbeat: float,
         on_lost: LostHandler,
+        watch: int | None = None,
     ) -> None:
+        """Prepare a keeper for the worker process ``watch`` (default: this one)."""
         self._config = {
             "url": url,
             "lease_ttl": lease_ttl,
             "heartbeat": heartbeat,
-            "pid": os.getpid(),
+            "pid": os.getpid() if watch is None else watch,
         }
         self._on_lost = on_lost
         self._process: subprocess.Popen[str] | None = None
@@ -277,6 +279,7 @@ def serve(stdin: IO[str], stdout: IO[str]) -> int:
         return 2
     lease_ttl, heartbeat = float(config["lease_ttl"]), float(config["heartbeat"])
     pid = int(config["pid"])
+    parent = os.getppid()
     # Renewals append no receipts, so the ledger bound plays no part here.
     store = open_store(str(config["url"]), migrate=False)
     stdout.write(json.dumps({"op": "ready"}) + "\n")
@@ -286,7 +289,7 @@ def serve(stdin: IO[str], stdout: IO[str]) -> int:
     progress = _Progress(pid)
     try:
         while not state.closed.wait(heartbeat):
-            if os.getppid() != pid:
+            if os.getppid() != parent:
                 break  # the worker is gone although something kept its pipe open
             # Looked at on every tick, so that its CPU baseline stays fresh.
             working = progress.advanced()

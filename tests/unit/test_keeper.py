@@ -149,13 +149,18 @@ def test_the_keeper_stops_renewing_when_the_worker_neither_beats_nor_works(
     claimed: tuple[port.Store, port.Claim], store_url: str
 ) -> None:
     store, claim = claimed
-    kept = keeper.Keeper(store_url, lease_ttl=2.0, heartbeat=0.1, on_lost=lambda *a: None)
+    # The keeper watches an idle process: this one may burn CPU in threads that
+    # other tests left behind.
+    idle = subprocess.Popen(["sleep", "60"])
+    kept = keeper.Keeper(
+        store_url, lease_ttl=2.0, heartbeat=0.1, on_lost=lambda *a: None, watch=idle.pid
+    )
     kept.start()
     try:
         assert kept.ready.wait(20)
         kept.hold(claim)
         # The keeper counts its own start as a beat; after that, no beats, and
-        # this test process idles in sleep(): no sign of life.
+        # the watched process sleeps: no sign of life.
         time.sleep(0.5)
         run = store.get_run("r1")
         assert run is not None
@@ -165,3 +170,5 @@ def test_the_keeper_stops_renewing_when_the_worker_neither_beats_nor_works(
         assert later.lease_expires_at == run.lease_expires_at
     finally:
         kept.close()
+        idle.kill()
+        idle.wait()
