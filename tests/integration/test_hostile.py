@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 import perdure
-from perdure.store import sqlite as sqlite_store
+from perdure.store.sqlite import connection as sqlite_connection
 from perdure.testing.clock import FakeClock
 
 WORKER: dict[str, Any] = {"concurrency": 4, "lease_ttl": 2, "heartbeat": 0.5, "poll_interval": 0.05}
@@ -79,7 +79,7 @@ class Db:
         """Run one statement in its own transaction; return its rows as dicts."""
         sql = sql.format(**self._tables)
         if self.kind == "sqlite":
-            conn = sqlite3.connect(sqlite_store.database_path(self.url), timeout=10)
+            conn = sqlite3.connect(sqlite_connection.database_path(self.url), timeout=10)
             conn.row_factory = sqlite3.Row
             try:
                 found = [dict(row) for row in conn.execute(sql.replace("%s", "?"), params)]

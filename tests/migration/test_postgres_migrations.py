@@ -12,7 +12,8 @@ import pytest
 
 import pg  # tests/pg.py, on the path through tests/conftest.py
 from perdure import errors
-from perdure.store import open_store, port, postgres, sqlfiles
+from perdure.store import open_store, port, sqlfiles
+from perdure.store.postgres import store as postgres
 
 pytestmark = pytest.mark.postgres
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from perdure import errors
-from perdure.store import open_store, sqlfiles, sqlite
+from perdure.store import open_store, sqlfiles
+from perdure.store.sqlite import store as sqlite
 
 
 def _objects(path: Path) -> list[tuple[str, str, str, str | None]]:

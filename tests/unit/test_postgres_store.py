@@ -19,7 +19,8 @@ import pytest
 
 import pg  # tests/pg.py, on the path through tests/conftest.py
 from perdure import errors
-from perdure.store import port, postgres
+from perdure.store import port
+from perdure.store.postgres import store as postgres
 from perdure.testing.clock import FakeClock
 
 pytestmark = pytest.mark.postgres

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from perdure import errors
-from perdure.store import port, sqlite
+from perdure.store import port
+from perdure.store.sqlite import store as sqlite
 from perdure.testing.clock import FakeClock
 
 APP = "shop"

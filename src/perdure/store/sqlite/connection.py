@@ -4,7 +4,7 @@
 lends pooled connections to reads (``_fetch``) and runs every write in a
 ``BEGIN IMMEDIATE`` transaction shared by the writers of one process (group
 commit, ``_write``), handing each body a :class:`_Tx`.
-:class:`perdure.store.sqlite.SqliteStore` builds the store operations on it.
+:class:`perdure.store.sqlite.store.SqliteStore` builds the store operations on it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from perdure import errors
 from perdure.store import port, sqlfiles
-from perdure.store import sqlite_rows as rows
+from perdure.store.sqlite import rows
 
 _Q = sqlfiles.queries("sqlite")
 _BUSY_TIMEOUT = 10.0

@@ -1,6 +1,6 @@
 """Records to rows and back for the PostgreSQL store.
 
-Every row :mod:`perdure.store.postgres` reads becomes a record here, so a row
+Every row :mod:`perdure.store.postgres.store` reads becomes a record here, so a row
 with an unknown state, a negative counter or a NULL where the port allows none
 raises :class:`errors.CorruptState` naming the run and the invariant instead of
 reaching the engine half-understood. Records to write are checked here too and

@@ -4,13 +4,13 @@ Every write runs in a ``BEGIN IMMEDIATE`` transaction, so writers of
 different processes queue on the database lock (up to the busy timeout)
 instead of failing on a lock upgrade, and each sees a state no one else
 changes before it commits. Writers of one process share transactions (group
-commit, see ``_write`` in :mod:`perdure.store.sqlite_connection`). Reads run
+commit, see ``_write`` in :mod:`perdure.store.sqlite.connection`). Reads run
 outside transactions: in WAL mode they never block writers.
 
-The SQL lives in ``sql/sqlite/queries.sql`` and is referred to by name; rows
-become records in :mod:`perdure.store.sqlite_rows`, which refuses what it
+The SQL lives in ``sqlite/sql/queries.sql`` and is referred to by name; rows
+become records in :mod:`perdure.store.sqlite.rows`, which refuses what it
 cannot read. ``wait_ready`` is woken by every process of this host that
-writes to the file (:mod:`perdure.store.wakeup`).
+writes to the file (:mod:`perdure.store.sqlite.wakeup`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from perdure import errors
-from perdure.store import port, sqlfiles, sqlite_connection, wakeup
-from perdure.store import sqlite_rows as rows
+from perdure.store import port, sqlfiles
+from perdure.store.sqlite import connection, rows, wakeup
 
 # RETURNING arrived in 3.35.
 _MIN_SQLITE = (3, 35, 0)
-
-# Named here too, where callers have always imported it from.
-database_path = sqlite_connection.database_path
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -61,7 +58,7 @@ def _json_value(run_id: str, what: str, text: str | None) -> Any:
         raise errors.InvalidPayload(f"the {what} of run {run_id} is not JSON") from None
 
 
-class SqliteStore(sqlite_connection.Connections):
+class SqliteStore(connection.Connections):
     """A :class:`port.Store` on one SQLite database file."""
 
     def __init__(
@@ -124,7 +121,7 @@ class SqliteStore(sqlite_connection.Connections):
         """Block until a run may have become ready on this file, or ``timeout`` passes.
 
         Any process on this host that writes to the file wakes the waiters
-        (see :mod:`perdure.store.wakeup`); others are found by polling.
+        (see :mod:`perdure.store.sqlite.wakeup`); others are found by polling.
         """
         return self._wakeup.wait(timeout)
 
@@ -168,7 +165,7 @@ class SqliteStore(sqlite_connection.Connections):
             self.notify_ready()
         return found
 
-    def _create(self, tx: sqlite_connection._Tx, new: port.NewRun) -> tuple[sqlite3.Row, bool]:
+    def _create(self, tx: connection._Tx, new: port.NewRun) -> tuple[sqlite3.Row, bool]:
         created = tx.run("create_run", **vars(new)) == 1
         if created:
             tx.append(new.run_id, 1, [port.Mark("initialized")], 0, None)
@@ -249,7 +246,7 @@ class SqliteStore(sqlite_connection.Connections):
         return claimed
 
     def _quarantine(
-        self, tx: sqlite_connection._Tx, candidate: sqlite3.Row, error: dict[str, Any]
+        self, tx: connection._Tx, candidate: sqlite3.Row, error: dict[str, Any]
     ) -> None:
         row = tx.one("quarantine", run_id=candidate["run_id"], error=json.dumps(error))
         sequence = row["ledger_sequence"] if row is not None else None
@@ -265,7 +262,7 @@ class SqliteStore(sqlite_connection.Connections):
             )
 
     def _claim_one(
-        self, tx: sqlite_connection._Tx, candidate: sqlite3.Row, worker: str, lease: int
+        self, tx: connection._Tx, candidate: sqlite3.Row, worker: str, lease: int
     ) -> port.Claimed:
         recovered = rows.run(candidate).state == "running"
         row = tx.one("claim_run", run_id=candidate["run_id"], worker=worker, lease_expires_at=lease)
@@ -299,7 +296,7 @@ class SqliteStore(sqlite_connection.Connections):
 
     def _claimed(
         self,
-        tx: sqlite_connection._Tx,
+        tx: connection._Tx,
         claim: port.Claim,
         query: str,
         entries: Sequence[port.JournalEntry],
@@ -378,7 +375,7 @@ class SqliteStore(sqlite_connection.Connections):
         return recorded
 
     def _put_entries(
-        self, tx: sqlite_connection._Tx, run_id: str, entries: Sequence[port.JournalEntry]
+        self, tx: connection._Tx, run_id: str, entries: Sequence[port.JournalEntry]
     ) -> None:
         for item in entries:
             rows.check_entry(item)
@@ -475,7 +472,7 @@ class SqliteStore(sqlite_connection.Connections):
 
     def _end(
         self,
-        tx: sqlite_connection._Tx,
+        tx: connection._Tx,
         run_id: str,
         parent_id: str | None,
         state: str,
@@ -500,9 +497,7 @@ class SqliteStore(sqlite_connection.Connections):
             return False
         return self._wake(tx, parent_id, "wake_on_wait", name=name)
 
-    def _wake(
-        self, tx: sqlite_connection._Tx, run_id: str, query: str = "wake", **params: Any
-    ) -> bool:
+    def _wake(self, tx: connection._Tx, run_id: str, query: str = "wake", **params: Any) -> bool:
         row = tx.one(query, run_id=run_id, **params)
         if row is None:
             return False
@@ -511,7 +506,7 @@ class SqliteStore(sqlite_connection.Connections):
 
     # -- waits, outcomes, channels ----------------------------------------
 
-    def _live(self, tx: sqlite_connection._Tx, run_id: str) -> port.Run:
+    def _live(self, tx: connection._Tx, run_id: str) -> port.Run:
         row = tx.one("run_by_id", run_id=run_id)
         if row is None:
             raise errors.RunNotFound(run_id)

@@ -1,4 +1,4 @@
--- Named queries of the embedded store, used by perdure/store/sqlite.py.
+-- Named queries of the embedded store, used by perdure/store/sqlite/store.py.
 --
 -- Instants are integer microseconds since the epoch. Every write runs inside
 -- the caller's BEGIN IMMEDIATE transaction, so reads made within one see a

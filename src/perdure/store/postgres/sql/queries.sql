@@ -1,4 +1,4 @@
--- Named queries of the shared store, used by perdure/store/postgres.py.
+-- Named queries of the shared store, used by perdure/store/postgres/store.py.
 --
 -- The store's "now" is written coalesce(NOW_PARAM::timestamptz,
 -- statement_timestamp()): the injected clock's instant when the store was

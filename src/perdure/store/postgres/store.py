@@ -16,10 +16,10 @@ makes it safe to share:
   on commit); ``wait_ready`` LISTENs on a dedicated connection.
 
 The URL, the pool, transactions and the listener are in
-:mod:`perdure.store.postgres_connection`.
+:mod:`perdure.store.postgres.connection`.
 
-SQL lives in ``sql/postgres/queries.sql``; records become rows and rows
-records in :mod:`perdure.store.postgres_rows`.
+SQL lives in ``postgres/sql/queries.sql``; records become rows and rows
+records in :mod:`perdure.store.postgres.rows`.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ import psycopg
 import psycopg.errors
 
 from perdure import errors
-from perdure.store import port, postgres_connection, sqlfiles
-from perdure.store import postgres_rows as rows
+from perdure.store import port, sqlfiles
+from perdure.store.postgres import connection, rows
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("perdure.store.postgres")
 
-Row = postgres_connection.Row
-Cursor = postgres_connection.Cursor
+Row = connection.Row
+Cursor = connection.Cursor
 
 _Q = sqlfiles.queries("postgres")
 
@@ -54,7 +54,7 @@ class _BodyRaised(Exception):
         self.original = original
 
 
-class PostgresStore(postgres_connection.Connections):
+class PostgresStore(connection.Connections):
     """The port on PostgreSQL (see the module docstring)."""
 
     def __init__(
