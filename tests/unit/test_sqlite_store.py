@@ -721,12 +721,12 @@ def test_sweep_times_out_requeues_and_cleans(store: sqlite.SqliteStore, clock: F
 @pytest.mark.parametrize(
     ("sql", "invariant"),
     [
-        ("UPDATE runs SET generation = -1", "runs.generation"),
-        ("UPDATE runs SET created_at = 'yesterday'", "runs.created_at"),
-        ("UPDATE runs SET ready_at = 1.5", "runs.ready_at"),
-        ("UPDATE runs SET cancel_requested = 2", "runs.cancel_requested"),
-        ("UPDATE runs SET input = x'00'", "runs.input"),
-        ("UPDATE runs SET worker = x'01'", "runs.worker"),
+        ("UPDATE runs SET generation = -1", "run_generation"),
+        ("UPDATE runs SET created_at = 'yesterday'", "run_created_at"),
+        ("UPDATE runs SET ready_at = 1.5", "run_ready_at"),
+        ("UPDATE runs SET cancel_requested = 2", "run_cancel_requested"),
+        ("UPDATE runs SET input = x'00'", "run_input"),
+        ("UPDATE runs SET worker = x'01'", "run_worker"),
     ],
 )
 def test_corrupt_run_rows_are_refused(store: sqlite.SqliteStore, sql: str, invariant: str) -> None:
@@ -754,7 +754,7 @@ def test_unknown_state_is_refused_and_never_claimed(store: sqlite.SqliteStore) -
     raw(store, "UPDATE runs SET state = 'paused'")
     with pytest.raises(errors.CorruptState) as caught:
         store.get_run("r")
-    assert caught.value.invariant == "runs.state"
+    assert caught.value.invariant == "run_state"
     assert store.claim(APP, "w", [WF], lease_ttl=5) == []
     with pytest.raises(errors.CorruptState):
         store.request_cancel("r")
@@ -768,9 +768,9 @@ def test_corrupt_journal_ledger_and_outcome_rows_are_refused(store: sqlite.Sqlit
     raw(store, "UPDATE ledger SET kind = 'forged' WHERE sequence = 1")
     raw(store, "UPDATE outcomes SET at = 'noon'")
     for read, invariant in [
-        (store.journal, "journal.status"),
-        (store.history, "ledger.kind"),
-        (store.outcomes, "outcomes.at"),
+        (store.journal, "journal_status"),
+        (store.history, "ledger_kind"),
+        (store.outcomes, "outcome_at"),
     ]:
         with pytest.raises(errors.CorruptState) as caught:
             read("r")

@@ -1,17 +1,20 @@
 -- Named queries of the embedded store, used by perdure/store/sqlite/store.py.
 --
--- Instants are integer microseconds since the epoch. Every write runs inside
--- the caller's BEGIN IMMEDIATE transaction, so reads made within one see a
--- state no other writer can change before COMMIT.
+-- Instants are integer microseconds since the epoch; list parameters arrive
+-- as JSON arrays (read with json_each, matched by index). A query may hold
+-- several statements, run in order. Every write runs inside the caller's
+-- BEGIN IMMEDIATE transaction, so reads made within one see a state no other
+-- writer can change before COMMIT. The names are the PostgreSQL store's,
+-- query for query (see docs/store.md).
 
--- name: create_schema_table
+-- name: migrate_prepare
 CREATE TABLE IF NOT EXISTS perdure_schema (
     version INTEGER PRIMARY KEY,
     applied_at INTEGER NOT NULL
 );
 
 -- name: schema_version
-SELECT coalesce(max(version), 0) FROM perdure_schema;
+SELECT coalesce(max(version), 0) AS version FROM perdure_schema;
 
 -- name: record_migration
 INSERT INTO perdure_schema (version, applied_at) VALUES (:version, :now);
@@ -26,13 +29,43 @@ VALUES (
     :run_id, :app, :workflow, :version, 'queued', :input, :key, :parent_id,
     1, :now, :now
 )
-ON CONFLICT DO NOTHING;
+ON CONFLICT DO NOTHING
+RETURNING *;
+
+-- name: create_children
+-- One statement for the whole fan-out; children whose key exists are left as stored.
+INSERT INTO runs (
+    run_id, app, workflow, version, state, input, key, parent_id,
+    ledger_sequence, created_at, updated_at
+)
+SELECT i.value, a.value, w.value, v.value, 'queued', n.value, k.value, :parent_id,
+       1, :now, :now
+FROM json_each(:run_ids) AS i
+JOIN json_each(:apps) AS a ON a.key = i.key
+JOIN json_each(:workflows) AS w ON w.key = i.key
+JOIN json_each(:versions) AS v ON v.key = i.key
+JOIN json_each(:inputs) AS n ON n.key = i.key
+JOIN json_each(:keys) AS k ON k.key = i.key
+WHERE true
+ON CONFLICT DO NOTHING
+RETURNING run_id, app;
+
+-- name: runs_by_key
+SELECT r.*
+FROM json_each(:apps) AS a
+JOIN json_each(:keys) AS k ON k.key = a.key
+JOIN runs AS r ON r.app = a.value AND r.key = k.value
+ORDER BY a.key;
 
 -- name: run_by_id
 SELECT * FROM runs WHERE run_id = :run_id;
 
--- name: run_by_key
-SELECT * FROM runs WHERE app = :app AND key = :key;
+-- name: lock_run
+-- The write transaction holds the database lock: a read is a locked read.
+SELECT * FROM runs WHERE run_id = :run_id;
+
+-- name: lock_runs
+SELECT * FROM runs WHERE run_id IN (SELECT value FROM json_each(:run_ids)) ORDER BY run_id;
 
 -- name: list_runs
 SELECT * FROM runs
@@ -53,46 +86,33 @@ WITH RECURSIVE tree(run_id) AS (
     UNION
     SELECT r.run_id FROM runs AS r JOIN tree AS t ON r.parent_id = t.run_id
 )
-SELECT runs.* FROM tree JOIN runs ON runs.run_id = tree.run_id;
+SELECT run_id FROM tree;
 
 -- name: journal
 SELECT * FROM journal WHERE run_id = :run_id ORDER BY position;
 
+-- name: journals
+SELECT * FROM journal
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+ORDER BY run_id, position;
+
 -- name: journal_entry
 SELECT * FROM journal WHERE run_id = :run_id AND position = :position;
-
--- name: journal_put
--- An existing position is replaced only while it is 'started'; otherwise the
--- statement changes no row and the caller refuses.
-INSERT INTO journal (
-    run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
-)
-VALUES (
-    :run_id, :position, :kind, :name, :status, :output, :error, :attempt, :now, :now
-)
-ON CONFLICT (run_id, position) DO UPDATE SET
-    kind = excluded.kind,
-    name = excluded.name,
-    status = excluded.status,
-    output = excluded.output,
-    error = excluded.error,
-    attempt = excluded.attempt,
-    updated_at = excluded.updated_at
-WHERE journal.status = 'started';
-
--- name: ledger_append
-INSERT INTO ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
-VALUES (:run_id, :sequence, :kind, :at, :generation, :worker, :step, :digest, :note);
-
--- name: ledger_trim
-DELETE FROM ledger WHERE run_id = :run_id AND sequence <= :upto;
 
 -- name: history
 -- Every stored receipt: trimming happens on append, and validation on read
 -- must see a ledger that holds more (or less) than it should.
 SELECT * FROM ledger WHERE run_id = :run_id ORDER BY sequence;
 
--- name: claim_candidates
+-- name: outcomes
+SELECT * FROM outcomes WHERE run_id = :run_id ORDER BY at, name;
+
+-- name: outcomes_of_runs
+SELECT * FROM outcomes
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+ORDER BY run_id, at, name;
+
+-- name: claim
 -- One ordered index range per way a run becomes claimable, each cut at
 -- :limit, so a large backlog costs no sort. Ordered by the instant since
 -- which each run has been claimable.
@@ -134,6 +154,21 @@ SELECT runs.* FROM due JOIN runs ON runs.run_id = due.run_id
 ORDER BY due.due_at, due.created_at, due.run_id
 LIMIT :limit;
 
+-- name: claim_one
+-- SET expressions read the old row, so a lapsed 'running' lease counts as a
+-- failure here.
+UPDATE runs SET
+    generation = generation + 1,
+    failures = failures + (state = 'running'),
+    state = 'running',
+    worker = :worker,
+    lease_expires_at = :now + CAST(round(:lease_ttl * 1000000) AS INTEGER),
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id
+RETURNING *;
+
 -- name: quarantine
 -- A claim candidate whose rows cannot be read is set aside, so that it stops
 -- being a candidate and no other run waits behind it. Nothing else is touched.
@@ -146,31 +181,16 @@ UPDATE runs SET
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
 WHERE run_id = :run_id
-RETURNING ledger_sequence;
-
--- name: claim_run
--- SET expressions read the old row, so a lapsed 'running' lease counts as a
--- failure here.
-UPDATE runs SET
-    generation = generation + 1,
-    failures = failures + (state = 'running'),
-    state = 'running',
-    worker = :worker,
-    lease_expires_at = :lease_expires_at,
-    ready_at = NULL,
-    ledger_sequence = ledger_sequence + 1,
-    updated_at = :now
-WHERE run_id = :run_id
-RETURNING *;
+RETURNING generation, ledger_sequence;
 
 -- name: fence_state
 SELECT generation, state, cancel_requested FROM runs WHERE run_id = :run_id;
 
 -- name: renew
-UPDATE runs SET lease_expires_at = :lease_expires_at
+UPDATE runs SET lease_expires_at = :now + CAST(round(:lease_ttl * 1000000) AS INTEGER)
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
-RETURNING ledger_sequence;
+RETURNING lease_expires_at;
 
 -- name: fence_touch
 UPDATE runs SET
@@ -178,7 +198,7 @@ UPDATE runs SET
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
-RETURNING ledger_sequence, app;
+RETURNING app, generation, ledger_sequence;
 
 -- name: fence_step
 UPDATE runs SET
@@ -187,20 +207,20 @@ UPDATE runs SET
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
-RETURNING ledger_sequence;
+RETURNING app, generation, ledger_sequence;
 
 -- name: release
 UPDATE runs SET
     state = 'queued',
     worker = NULL,
     lease_expires_at = NULL,
-    ready_at = :ready_at,
+    ready_at = :now + CAST(round(:delay * 1000000) AS INTEGER),
     failures = failures + :failed,
     ledger_sequence = ledger_sequence + :receipts,
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
-RETURNING ledger_sequence;
+RETURNING app, generation, ledger_sequence;
 
 -- name: park_run
 -- Runs after the fence in the same transaction, so no condition is needed.
@@ -225,24 +245,83 @@ UPDATE runs SET
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
-RETURNING ledger_sequence, parent_id;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
 
--- name: wait_register
--- A wait registered again keeps its created_at, so listings stay in order.
+-- name: journal_put
+-- An existing position is replaced only while it is 'started'; any other is
+-- left alone and missing from RETURNING, and the caller refuses.
+INSERT INTO journal (
+    run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
+)
+SELECT :run_id, p.value, k.value, n.value, s.value, o.value, e.value, a.value, :now, :now
+FROM json_each(:positions) AS p
+JOIN json_each(:kinds) AS k ON k.key = p.key
+JOIN json_each(:names) AS n ON n.key = p.key
+JOIN json_each(:statuses) AS s ON s.key = p.key
+JOIN json_each(:outputs) AS o ON o.key = p.key
+JOIN json_each(:errors) AS e ON e.key = p.key
+JOIN json_each(:attempts) AS a ON a.key = p.key
+WHERE true
+ON CONFLICT (run_id, position) DO UPDATE SET
+    kind = excluded.kind,
+    name = excluded.name,
+    status = excluded.status,
+    output = excluded.output,
+    error = excluded.error,
+    attempt = excluded.attempt,
+    updated_at = excluded.updated_at
+WHERE journal.status = 'started'
+RETURNING position;
+
+-- name: ledger_append
+-- Receipts arrive numbered (the runs' ledger_sequence was raised by the same
+-- transaction). Only the newest ledger_limit of each run are kept, counting
+-- the new ones, so a transition with more receipts than the limit stores
+-- only its last ones.
+INSERT INTO ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
+SELECT r.value, s.value, k.value, :now, g.value, w.value, t.value, d.value, n.value
+FROM json_each(:run_ids) AS r
+JOIN json_each(:sequences) AS s ON s.key = r.key
+JOIN json_each(:kinds) AS k ON k.key = r.key
+JOIN json_each(:generations) AS g ON g.key = r.key
+JOIN json_each(:workers) AS w ON w.key = r.key
+JOIN json_each(:steps) AS t ON t.key = r.key
+JOIN json_each(:digests) AS d ON d.key = r.key
+JOIN json_each(:notes) AS n ON n.key = r.key
+WHERE s.value > (
+    SELECT max(s2.value) FROM json_each(:run_ids) AS r2
+    JOIN json_each(:sequences) AS s2 ON s2.key = r2.key
+    WHERE r2.value = r.value
+) - :ledger_limit;
+DELETE FROM ledger
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+  AND sequence <= (
+    SELECT max(s2.value) FROM json_each(:run_ids) AS r2
+    JOIN json_each(:sequences) AS s2 ON s2.key = r2.key
+    WHERE r2.value = ledger.run_id
+) - :ledger_limit;
+
+-- name: park_waits
+-- Replaces the run's registrations. A wait registered again keeps its
+-- created_at, so listings stay in order.
+DELETE FROM waits
+WHERE run_id = :run_id AND name NOT IN (SELECT value FROM json_each(:names));
 INSERT INTO waits (run_id, name, app, kind, deadline, after_sequence, created_at)
-VALUES (:run_id, :name, :app, :kind, :deadline, :after_sequence, :now)
+SELECT :run_id, n.value, :app, k.value, d.value, a.value, :now
+FROM json_each(:names) AS n
+JOIN json_each(:kinds) AS k ON k.key = n.key
+JOIN json_each(:deadlines) AS d ON d.key = n.key
+JOIN json_each(:after) AS a ON a.key = n.key
+WHERE true
 ON CONFLICT (run_id, name) DO UPDATE SET
     kind = excluded.kind,
     deadline = excluded.deadline,
     after_sequence = excluded.after_sequence;
 
--- name: waits_drop_others
-DELETE FROM waits
-WHERE run_id = :run_id AND name NOT IN (SELECT value FROM json_each(:names));
-
 -- name: park_satisfied
--- Any registered wait with an outcome, or a channel wait with a newer message.
-SELECT EXISTS (
+-- A due instant, any registered wait with an outcome, or a channel wait with
+-- a newer message.
+SELECT coalesce(:ready_at <= :now, 0) OR EXISTS (
     SELECT 1 FROM waits AS w
     WHERE w.run_id = :run_id
       AND (
@@ -252,10 +331,58 @@ SELECT EXISTS (
             WHERE m.run_id = w.run_id AND m.channel = w.name AND m.sequence > w.after_sequence
         ))
       )
-);
+) AS satisfied;
 
--- name: wait_get
-SELECT * FROM waits WHERE run_id = :run_id AND name = :name;
+-- name: outcome_put
+-- A signal that arrives after its registered wait's deadline settles the wait
+-- as timed out instead, without the payload.
+INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
+SELECT :run_id, :name,
+       CASE WHEN x.expired THEN 'timed_out' ELSE :outcome END,
+       CASE WHEN x.expired THEN NULL ELSE :signal_id END,
+       CASE WHEN x.expired THEN NULL ELSE :payload END,
+       CASE WHEN x.expired THEN NULL ELSE :payload_digest END,
+       :now
+FROM (
+    SELECT :outcome = 'signaled' AND EXISTS (
+        SELECT 1 FROM waits AS w
+        WHERE w.run_id = :run_id AND w.name = :name AND w.deadline <= :now
+    ) AS expired
+) AS x
+WHERE true
+ON CONFLICT (run_id, name) DO NOTHING
+RETURNING *;
+
+-- name: outcome_get
+SELECT * FROM outcomes WHERE run_id = :run_id AND name = :name;
+
+-- name: child_outcomes_put
+-- Only a parent that has not ended can still use its child's outcome.
+INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
+SELECT p.run_id, n.value, 'signaled', NULL, c.value, NULL, :now
+FROM json_each(:parent_ids) AS i
+JOIN json_each(:names) AS n ON n.key = i.key
+JOIN json_each(:payloads) AS c ON c.key = i.key
+JOIN runs AS p ON p.run_id = i.value
+WHERE p.state IN ('queued', 'running', 'waiting')
+ON CONFLICT (run_id, name) DO NOTHING;
+
+-- name: wake_parents
+-- A child's end wakes its parent only when the parent is parked on that very
+-- child, so a fan-out does not wake the parent once per child.
+UPDATE runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE state = 'waiting'
+  AND run_id IN (
+      SELECT w.run_id
+      FROM json_each(:parent_ids) AS i
+      JOIN json_each(:names) AS n ON n.key = i.key
+      JOIN waits AS w ON w.run_id = i.value AND w.name = n.value
+  )
+RETURNING run_id, app, generation, ledger_sequence;
 
 -- name: waits_of_app
 SELECT * FROM waits AS w
@@ -269,44 +396,25 @@ WHERE w.run_id = :run_id AND w.app = :app
   AND NOT EXISTS (SELECT 1 FROM outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name)
 ORDER BY w.created_at, w.name;
 
--- name: outcome_put
-INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
-VALUES (:run_id, :name, :outcome, :signal_id, :payload, :payload_digest, :now)
-ON CONFLICT (run_id, name) DO NOTHING;
-
--- name: outcome_get
-SELECT * FROM outcomes WHERE run_id = :run_id AND name = :name;
-
--- name: outcomes
-SELECT * FROM outcomes WHERE run_id = :run_id ORDER BY at, name;
-
--- name: child_outcome_put
--- Only a parent that has not ended can still use its child's outcome.
-INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
-SELECT run_id, :name, 'signaled', NULL, :payload, NULL, :now FROM runs
-WHERE run_id = :parent_id AND state IN ('queued', 'running', 'waiting')
-ON CONFLICT (run_id, name) DO NOTHING;
-
 -- name: wake
 UPDATE runs SET
     state = 'queued',
     ready_at = NULL,
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
-WHERE run_id = :run_id AND state = 'waiting'
-RETURNING generation, ledger_sequence;
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state = 'waiting'
+RETURNING run_id, app, generation, ledger_sequence;
 
--- name: wake_on_wait
--- A child's end wakes its parent only when the parent is parked on that child,
--- so a fan-out does not wake the parent once per child.
-UPDATE runs SET
-    state = 'queued',
-    ready_at = NULL,
-    ledger_sequence = ledger_sequence + 1,
-    updated_at = :now
-WHERE run_id = :run_id AND state = 'waiting'
-  AND EXISTS (SELECT 1 FROM waits WHERE waits.run_id = :run_id AND waits.name = :name)
-RETURNING generation, ledger_sequence;
+-- name: message_put
+-- The next sequence comes from the run's counter, read under the write lock.
+INSERT INTO messages (run_id, channel, key, sequence, payload, at)
+SELECT run_id, :channel, :key, message_sequence + 1, :payload, :now FROM runs
+WHERE run_id = :run_id
+ON CONFLICT (run_id, channel, key) DO NOTHING
+RETURNING sequence;
+
+-- name: message_counted
+UPDATE runs SET message_sequence = message_sequence + 1 WHERE run_id = :run_id;
 
 -- name: wake_on_channel
 UPDATE runs SET
@@ -319,17 +427,7 @@ WHERE run_id = :run_id AND state = 'waiting'
     SELECT 1 FROM waits
     WHERE waits.run_id = :run_id AND waits.kind = 'channel' AND waits.name = :channel
   )
-RETURNING generation, ledger_sequence;
-
--- name: message_put
--- The next sequence comes from the run's counter, read under the write lock.
-INSERT INTO messages (run_id, channel, key, sequence, payload, at)
-SELECT run_id, :channel, :key, message_sequence + 1, :payload, :now FROM runs
-WHERE run_id = :run_id
-ON CONFLICT (run_id, channel, key) DO NOTHING;
-
--- name: message_counted
-UPDATE runs SET message_sequence = message_sequence + 1 WHERE run_id = :run_id;
+RETURNING run_id, app, generation, ledger_sequence;
 
 -- name: next_message
 SELECT * FROM messages
@@ -337,14 +435,21 @@ WHERE run_id = :run_id AND channel = :channel AND sequence > :after_sequence
 ORDER BY sequence
 LIMIT 1;
 
--- name: end_waits
-DELETE FROM waits WHERE run_id = :run_id;
+-- name: end_cleanup
+DELETE FROM waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM outcomes WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM messages WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
--- name: end_outcomes
-DELETE FROM outcomes WHERE run_id = :run_id;
-
--- name: end_messages
-DELETE FROM messages WHERE run_id = :run_id;
+-- name: cancel_open_waits
+-- A cancel reaching a running run settles its open waits, so a later signal
+-- is answered with the cancel's receipt instead of one that is never applied.
+-- (Runs canceled at once lose their waits to the end-of-run rules.)
+INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
+SELECT w.run_id, w.name, 'canceled', NULL, NULL, NULL, :now
+FROM waits AS w JOIN runs AS r ON r.run_id = w.run_id
+WHERE w.run_id IN (SELECT value FROM json_each(:run_ids)) AND w.kind <> 'channel'
+  AND r.state = 'running' AND r.cancel_requested = 0
+ON CONFLICT (run_id, name) DO NOTHING;
 
 -- name: cancel_now
 UPDATE runs SET
@@ -354,16 +459,17 @@ UPDATE runs SET
     ready_at = NULL,
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
-WHERE run_id = :run_id AND state IN ('queued', 'waiting')
-RETURNING generation, ledger_sequence;
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('queued', 'waiting')
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
 
 -- name: cancel_request
 UPDATE runs SET
     cancel_requested = 1,
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
-WHERE run_id = :run_id AND state = 'running' AND cancel_requested = 0
-RETURNING generation, ledger_sequence;
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+  AND state = 'running' AND cancel_requested = 0
+RETURNING run_id, generation, ledger_sequence;
 
 -- name: resolve_entry
 UPDATE journal SET
@@ -387,51 +493,47 @@ UPDATE runs SET
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'needs_attention'
-RETURNING ledger_sequence, parent_id;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+
+-- name: sweep_expired_runs
+-- Runs with a signal or child wait past its deadline and no outcome. A
+-- receive's timeout is its owner's to decide (it compares the journaled
+-- deadline with the messages it finds): channel waits get no outcome, their
+-- runs are woken by sweep_due_runs.
+SELECT r.run_id FROM runs AS r
+WHERE r.state NOT IN ('succeeded', 'failed', 'canceled')
+  AND r.run_id IN (
+      SELECT w.run_id FROM waits AS w
+      WHERE w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
+        AND NOT EXISTS (
+            SELECT 1 FROM outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name
+        )
+  )
+ORDER BY r.run_id;
 
 -- name: sweep_expire_waits
--- A receive's timeout is its owner's to decide (it compares the journaled
--- deadline with the messages it finds): channel waits get no outcome, their
--- runs are woken by sweep_wake_due.
 INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
 SELECT w.run_id, w.name, 'timed_out', NULL, NULL, NULL, :now
-FROM waits AS w JOIN runs AS r ON r.run_id = w.run_id
-WHERE w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
-  AND r.state NOT IN ('succeeded', 'failed', 'canceled')
-ON CONFLICT (run_id, name) DO NOTHING;
+FROM waits AS w
+WHERE w.run_id IN (SELECT value FROM json_each(:run_ids))
+  AND w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
+ON CONFLICT (run_id, name) DO NOTHING
+RETURNING run_id;
 
--- name: cancel_open_waits
--- A cancel reaching a running run settles its open waits, so a later signal
--- is answered with the cancel's receipt instead of one that is never applied.
-INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
-SELECT run_id, name, 'canceled', NULL, NULL, NULL, :now
-FROM waits WHERE run_id = :run_id AND kind <> 'channel'
-ON CONFLICT (run_id, name) DO NOTHING;
+-- name: sweep_due_runs
+SELECT run_id FROM runs WHERE state = 'waiting' AND ready_at <= :now ORDER BY run_id;
 
--- name: sweep_wake_due
-UPDATE runs SET
-    state = 'queued',
-    ready_at = NULL,
-    ledger_sequence = ledger_sequence + 1,
-    updated_at = :now
-WHERE state = 'waiting' AND ready_at <= :now
-RETURNING run_id, generation, ledger_sequence;
-
--- name: sweep_orphan_waits
+-- name: sweep_orphans
 -- Records of runs that are gone or have ended. A run that needs attention (or
 -- holds a state this code cannot read) keeps them: nothing is guessed.
 DELETE FROM waits WHERE NOT EXISTS (
     SELECT 1 FROM runs AS r
     WHERE r.run_id = waits.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
 );
-
--- name: sweep_orphan_outcomes
 DELETE FROM outcomes WHERE NOT EXISTS (
     SELECT 1 FROM runs AS r
     WHERE r.run_id = outcomes.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
 );
-
--- name: sweep_orphan_messages
 DELETE FROM messages WHERE NOT EXISTS (
     SELECT 1 FROM runs AS r
     WHERE r.run_id = messages.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
