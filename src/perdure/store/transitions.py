@@ -72,6 +72,18 @@ class Transitions(Generic[C]):
         """Announce, once this transaction commits, that runs of ``apps`` became ready."""
         raise NotImplementedError
 
+    def _claim(
+        self,
+        cur: C,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+    ) -> list[port.Claimed]:
+        """Claim up to ``limit`` ready runs in this transaction, setting corrupt ones aside."""
+        raise NotImplementedError
+
     def _record(
         self,
         claim: port.Claim,
@@ -275,6 +287,21 @@ class Transitions(Generic[C]):
         return [self.read.receipt(row) for row in found]
 
     # -- claims ---------------------------------------------------------------------
+
+    def claim(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        *,
+        lease_ttl: float,
+        limit: int = 1,
+    ) -> list[port.Claimed]:
+        """Claim up to ``limit`` ready runs; a run whose rows fail validation is set aside."""
+        ttl = seconds(lease_ttl, "lease_ttl", positive=True)
+        if limit < 1 or not workflows:
+            return []
+        return self._transact(lambda cur: self._claim(cur, app, worker, workflows, ttl, limit))
 
     def _quarantine(self, cur: C, run_id: str, exc: errors.CorruptState) -> None:
         """Make an unreadable run needs_attention (and say so in its ledger)."""

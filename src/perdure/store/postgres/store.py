@@ -140,19 +140,15 @@ class PostgresStore(connection.Connections, transitions.Transitions[Cursor]):
 
     # -- claims ---------------------------------------------------------------
 
-    def claim(
+    def _claim(
         self,
+        cur: Cursor,
         app: str,
         worker: str,
         workflows: Sequence[tuple[str, str]],
-        *,
-        lease_ttl: float,
-        limit: int = 1,
+        ttl: float,
+        limit: int,
     ) -> list[port.Claimed]:
-        """Claim up to ``limit`` ready runs; a run whose rows fail validation is left untouched."""
-        ttl = transitions.seconds(lease_ttl, "lease_ttl", positive=True)
-        if limit < 1 or not workflows:
-            return []
         params: dict[str, Any] = {
             "app": app,
             "worker": worker,
@@ -162,22 +158,18 @@ class PostgresStore(connection.Connections, transitions.Transitions[Cursor]):
             "limit": limit,
             "ledger_limit": self._ledger_limit,
         }
-
-        def work(cur: Cursor) -> list[port.Claimed]:
-            exclude: list[str] = []
-            while True:
-                try:
-                    with cur.connection.transaction():  # a savepoint
-                        return self._claim_once(cur, exclude=exclude, **params)
-                except errors.CorruptState as exc:
-                    # Claiming that run again would fail again and starve the others.
-                    if exc.run_id is None or exc.run_id in exclude:
-                        raise
-                    log.error("claim sets run %s aside: %s", exc.run_id, exc)
-                    exclude.append(exc.run_id)
-                    self._quarantine(cur, exc.run_id, exc)
-
-        return self._transact(work)
+        exclude: list[str] = []
+        while True:
+            try:
+                with cur.connection.transaction():  # a savepoint
+                    return self._claim_once(cur, exclude=exclude, **params)
+            except errors.CorruptState as exc:
+                # Claiming that run again would fail again and starve the others.
+                if exc.run_id is None or exc.run_id in exclude:
+                    raise
+                log.error("claim sets run %s aside: %s", exc.run_id, exc)
+                exclude.append(exc.run_id)
+                self._quarantine(cur, exc.run_id, exc)
 
     def _claim_once(self, cur: Cursor, **params: Any) -> list[port.Claimed]:
         claimed = self._exec(cur, "claim", **params).fetchall()

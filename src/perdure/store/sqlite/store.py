@@ -103,39 +103,27 @@ class SqliteStore(connection.Connections, transitions.Transitions[Cursor]):
 
     # -- claims ---------------------------------------------------------------
 
-    def claim(
+    def _claim(
         self,
+        cur: Cursor,
         app: str,
         worker: str,
         workflows: Sequence[tuple[str, str]],
-        *,
-        lease_ttl: float,
-        limit: int = 1,
+        ttl: float,
+        limit: int,
     ) -> list[port.Claimed]:
-        """Claim up to ``limit`` ready runs; a run whose rows fail validation is set aside."""
-        ttl = transitions.seconds(lease_ttl, "lease_ttl", positive=True)
-        if limit < 1 or not workflows:
-            return []
-        params: dict[str, Any] = {
-            "app": app,
-            "workflows": json.dumps([[name, version] for name, version in workflows]),
-            "limit": limit,
-        }
-
-        def work(cur: Cursor) -> list[port.Claimed]:
-            claimed: list[port.Claimed] = []
-            for candidate in self._exec(cur, "claim", **params).fetchall():
-                cur.conn.execute("SAVEPOINT claim_once")
-                try:
-                    claimed.append(self._claim_once(cur, candidate, worker, ttl))
-                except errors.CorruptState as exc:
-                    # Claiming that run again would fail again and starve the others.
-                    cur.conn.execute("ROLLBACK TO claim_once")
-                    self._quarantine(cur, candidate["run_id"], exc)
-                cur.conn.execute("RELEASE claim_once")
-            return claimed
-
-        return self._transact(work)
+        wanted = json.dumps([[name, version] for name, version in workflows])
+        claimed: list[port.Claimed] = []
+        for candidate in self._exec(cur, "claim", app=app, workflows=wanted, limit=limit):
+            cur.conn.execute("SAVEPOINT claim_once")
+            try:
+                claimed.append(self._claim_once(cur, candidate, worker, ttl))
+            except errors.CorruptState as exc:
+                # Claiming that run again would fail again and starve the others.
+                cur.conn.execute("ROLLBACK TO claim_once")
+                self._quarantine(cur, candidate["run_id"], exc)
+            cur.conn.execute("RELEASE claim_once")
+        return claimed
 
     def _claim_once(self, cur: Cursor, candidate: Row, worker: str, ttl: float) -> port.Claimed:
         recovered = self.read.run(candidate).state == "running"
