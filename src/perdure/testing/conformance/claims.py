@@ -117,6 +117,20 @@ class ClaimTests(Suite):
         assert sorted(run_id for run_id, _ in taken) == sorted(ids)
         assert {generation for _, generation in taken} == {1}
 
+    def test_claim_takes_runs_in_the_order_they_became_ready(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        first = start(store, workflow="wf")
+        clock.advance(1)
+        second = start(store, workflow="wf")
+        claim = claim_run(store, first).claim
+        store.release(claim, delay=10, failed=True)
+        taken = store.claim(APP, WORKER, [("wf", "1")], lease_ttl=TTL, limit=5)
+        assert [c.run.run_id for c in taken] == [second.run_id]
+        clock.advance(10)
+        [again] = store.claim(APP, WORKER, [("wf", "1")], lease_ttl=TTL)
+        assert (again.run.run_id, again.run.failures, again.run.generation) == (first.run_id, 1, 2)
+
     def test_generation_grows_by_one_per_claim(self, store: port.Store) -> None:
         run = start(store)
         for expected in (1, 2, 3):
@@ -300,6 +314,26 @@ class ClaimTests(Suite):
             store.renew(claimed.claim, lease_ttl=TTL)
         assert not isinstance(canceled.value, errors.StaleClaim)
         assert canceled.value.run_id == run.run_id
+
+    def test_a_lapsed_lease_still_writes_while_nobody_took_over(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        claim = claim_run(store, run).claim
+        clock.advance(TTL * 100)
+        renewed = store.renew(claim, lease_ttl=TTL)
+        assert renewed.lease_expires_at == clock.now() + timedelta(seconds=TTL)
+        store.finish_step(renewed, [entry(1)])
+        assert store.journal(run.run_id) == [entry(1)]
+
+    def test_a_claim_on_a_missing_run_is_stale(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        ghost = port.Claim("no-such-run", WORKER, 1, clock.now())
+        with pytest.raises(errors.StaleClaim):
+            store.renew(ghost, lease_ttl=TTL)
+        with pytest.raises(errors.StaleClaim):
+            store.finish_step(ghost, [entry(1)])
 
     def test_renew_extends_the_lease_of_the_current_claim(
         self, store: port.Store, clock: clocks.FakeClock

@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from perdure import errors
 from perdure.store import port
 from perdure.testing import clock as clocks
 from perdure.testing.conformance.harness import (
@@ -92,6 +93,13 @@ class FinishTests(Suite):
         assert nonzero(store.child_counts(parent.run_id)) == {"queued": 6}
         assert nonzero(store.child_counts(again[0].run_id)) == {}
 
+    def test_create_children_refuses_a_child_without_a_key(self, store: port.Store) -> None:
+        parent = start(store)
+        claim = claim_run(store, parent).claim
+        with pytest.raises(errors.InvalidInput, match="needs a key"):
+            store.create_children(claim, [new_run(parent_id=parent.run_id)])
+        assert nonzero(store.child_counts(parent.run_id)) == {}
+
     def test_child_counts_follow_child_states(self, store: port.Store) -> None:
         parent = start(store)
         claim = claim_run(store, parent).claim
@@ -146,6 +154,24 @@ class FinishTests(Suite):
         assert store.waits(APP, parent.run_id) == []
         again = claim_run(store, parent)
         assert again.outcomes == [outcome]
+
+    def test_child_end_wakes_only_a_parent_parked_on_that_child(self, store: port.Store) -> None:
+        parent = start(store)
+        claim = claim_run(store, parent).claim
+        kids = [new_run(key=f"c{i}", parent_id=parent.run_id, workflow="kid") for i in range(2)]
+        first, second = store.create_children(claim, kids)
+        waits = [port.WaitSpec(f"child:{first.run_id}", "child")]
+        assert store.park(claim, [], waits, wake_at=None)
+        claims = {
+            c.run.run_id: c.claim
+            for c in store.claim(APP, WORKER, [("kid", "1")], lease_ttl=TTL, limit=2)
+        }
+        store.finish(claims[second.run_id], [], state="succeeded", result="2")
+        assert [o.name for o in store.outcomes(parent.run_id)] == [f"child:{second.run_id}"]
+        assert get(store, parent.run_id).state == "waiting"
+        store.finish(claims[first.run_id], [], state="succeeded", result="1")
+        assert get(store, parent.run_id).state == "queued"
+        assert kinds(store, parent.run_id).count("woken") == 1
 
     def test_child_end_while_parent_runs_leaves_the_parent_running(self, store: port.Store) -> None:
         parent = start(store)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from perdure import errors
 from perdure.store import port
 from perdure.testing import clock as clocks
 from perdure.testing.conformance.harness import (
@@ -12,6 +13,7 @@ from perdure.testing.conformance.harness import (
     entry,
     get,
     signaled,
+    snapshot,
     start,
 )
 
@@ -85,6 +87,14 @@ class LedgerTests(Suite):
         assert [r.generation for r in history if r.kind == "claimed"] == [1, 2, 3]
         assert history[2].step == "step-1"
         assert get(store, run.run_id).ledger_sequence == 10
+
+    def test_an_unknown_receipt_kind_is_refused_before_anything(self, store: port.Store) -> None:
+        run = start(store)
+        claim = claim_run(store, run).claim
+        before = snapshot(store)
+        with pytest.raises(errors.InvalidInput):
+            store.finish_step(claim, [entry(1)], [port.Mark("made_up")])
+        assert snapshot(store) == before
 
     @pytest.mark.parametrize("ledger_limit", [5])
     def test_ledger_keeps_the_newest_receipts(self, store: port.Store, ledger_limit: int) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import uuid
 
 import pytest
 
+from perdure import errors
 from perdure.store import port
 from perdure.testing import clock as clocks
 from perdure.testing.conformance.harness import (
@@ -16,6 +18,7 @@ from perdure.testing.conformance.harness import (
     Suite,
     claim_run,
     create_in_process,
+    entry,
     get,
     kinds,
     new_run,
@@ -72,6 +75,26 @@ class RunTests(Suite):
         two = start(store, workflow="wf")
         assert one.run_id != two.run_id
         assert {r.run_id for r in store.list_runs(APP)} == {one.run_id, two.run_id}
+
+    def test_a_taken_run_id_without_key_is_refused(self, store: port.Store) -> None:
+        run = start(store)
+        again = dataclasses.replace(new_run(), run_id=run.run_id)
+        with pytest.raises(errors.InvalidInput, match="already taken"):
+            store.create_run(again)
+        assert get(store, run.run_id) == run
+
+    def test_create_run_stores_a_forks_journal_only_when_it_creates(
+        self, store: port.Store
+    ) -> None:
+        prefix = [entry(1), entry(2, kind="now", name="now")]
+        wanted = new_run(key="fork")
+        run, created = store.create_run(wanted, prefix)
+        assert created and store.journal(run.run_id) == prefix
+        other = dataclasses.replace(new_run(key="fork"), workflow=wanted.workflow)
+        again, created = store.create_run(other, [entry(1, name="other")])
+        assert (again, created) == (run, False)
+        assert store.journal(run.run_id) == prefix
+        assert store.get_run(other.run_id) is None
 
     def test_same_key_in_two_apps_makes_two_runs(self, store: port.Store) -> None:
         mine, created = store.create_run(new_run(app=APP, key="shared"))

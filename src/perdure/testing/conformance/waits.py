@@ -57,6 +57,22 @@ class WaitTests(Suite):
         }
         assert kinds(store, run.run_id)[-1] == "parked"
 
+    def test_park_replaces_earlier_registrations(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        claim = claim_run(store, run).claim
+        first = [port.WaitSpec("a", "signal"), port.WaitSpec("b", "signal")]
+        assert store.park(claim, [], first, wake_at=None)
+        clock.advance(5)
+        assert store.wake(run.run_id)
+        claim = claim_run(store, run).claim
+        second = [port.WaitSpec("b", "signal"), port.WaitSpec("c", "signal")]
+        assert store.park(claim, [], second, wake_at=None)
+        found = store.waits(APP, run.run_id)
+        assert [w.name for w in found] == ["b", "c"]
+        assert found[0].created_at < found[1].created_at  # b kept its first registration
+
     def test_park_without_deadline_has_no_ready_at(self, store: port.Store) -> None:
         run = start(store)
         claim = claim_run(store, run).claim
