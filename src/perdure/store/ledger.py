@@ -3,7 +3,7 @@
 A transition that the ledger records raises the run's ``ledger_sequence`` by
 the number of receipts it appends, in the same write; the receipts take the
 numbers up to the new value (:func:`numbered`). Only the newest
-``ledger_limit`` receipts of a run are kept (:func:`first_kept`). Adapters
+``ledger_limit`` receipts of a run are kept (:func:`floors`, :func:`retained`). Adapters
 store :class:`Receipt` values as they are and delete what falls out of the
 window; they decide neither numbers nor retention.
 """
@@ -54,6 +54,15 @@ def numbered(
     ]
 
 
-def first_kept(last: int, limit: int) -> int:
-    """Return the lowest sequence kept when a run's newest receipt is ``last``."""
-    return max(1, last - limit + 1)
+def floors(receipts: Sequence[Receipt], limit: int) -> list[tuple[str, int]]:
+    """Return, per run, the lowest sequence kept once ``receipts`` are appended."""
+    newest: dict[str, int] = {}
+    for receipt in receipts:
+        newest[receipt.run_id] = max(receipt.sequence, newest.get(receipt.run_id, 0))
+    return [(run_id, max(1, last - limit + 1)) for run_id, last in newest.items()]
+
+
+def retained(receipts: Sequence[Receipt], limit: int) -> list[Receipt]:
+    """Return the receipts that stay in the window of ``limit`` once all are appended."""
+    kept = dict(floors(receipts, limit))
+    return [r for r in receipts if r.sequence >= kept[r.run_id]]

@@ -439,8 +439,8 @@ def child_payload(run_id: str, state: str, result: str | None, error: str | None
 
 
 # -- records to query parameters -------------------------------------------------------
-# Batches travel as parallel lists, one per column: PostgreSQL unnests arrays,
-# SQLite reads JSON arrays with json_each.
+# Batches are built as parallel lists, one per column: PostgreSQL unnests them
+# as arrays; SQLite receives them zipped into one JSON array of rows.
 
 ENTRY_ARRAYS = {
     "positions": "position",
@@ -469,6 +469,7 @@ CHILD_ARRAYS = {
     "inputs": "input",
     "keys": "key",
 }
+KEY_ARRAYS = {"apps": "app", "keys": "key"}
 WAIT_ARRAYS = {
     "names": "name",
     "kinds": "kind",

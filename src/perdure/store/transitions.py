@@ -94,6 +94,10 @@ class Transitions(Generic[C]):
         """Write a step's entries and receipts behind ``fence`` (a fenced UPDATE query)."""
         raise NotImplementedError
 
+    def _batch(self, arrays: dict[str, list[Any]]) -> dict[str, Any]:
+        """Return the query parameters of a batch given as parallel lists (``{param: list}``)."""
+        raise NotImplementedError
+
     def _sweep_orphans(self, cur: C) -> int:
         """Delete the waits, outcomes and messages of ended or missing runs; return how many."""
         raise NotImplementedError
@@ -119,8 +123,12 @@ class Transitions(Generic[C]):
     def _append(self, cur: C, receipts: Sequence[ledger.Receipt]) -> None:
         """Append numbered receipts, keeping only the newest ``ledger_limit`` of each run."""
         if receipts:
-            arrays = rows.arrays(receipts, rows.RECEIPT_ARRAYS)
-            self._exec(cur, "ledger_append", ledger_limit=self._ledger_limit, **arrays)
+            kept = ledger.retained(receipts, self._ledger_limit)
+            batch = self._batch(rows.arrays(kept, rows.RECEIPT_ARRAYS))
+            floors = ledger.floors(receipts, self._ledger_limit)
+            self._exec(
+                cur, "ledger_append", ledger_limit=self._ledger_limit, floors=floors, **batch
+            )
 
     def _append_marks(
         self, cur: C, claim: port.Claim, last: int, marks: Sequence[port.Mark]
@@ -133,8 +141,8 @@ class Transitions(Generic[C]):
         """Write entries, replacing a stored entry only while it is ``started``."""
         if not entries:
             return
-        arrays = rows.arrays(entries, rows.ENTRY_ARRAYS)
-        written = self._exec(cur, "journal_put", run_id=run_id, **arrays).fetchall()
+        batch = self._batch(rows.arrays(entries, rows.ENTRY_ARRAYS))
+        written = self._exec(cur, "journal_put", run_id=run_id, **batch).fetchall()
         taken = sorted({e.position for e in entries} - {row["position"] for row in written})
         if taken:
             raise rows.corrupt(
@@ -185,8 +193,9 @@ class Transitions(Generic[C]):
         payloads = [
             rows.child_payload(r["run_id"], r["state"], r["result"], r["error"]) for r in children
         ]
-        self._exec(cur, "child_outcomes_put", payloads=payloads, **pairs)
-        self._woken(cur, self._exec(cur, "wake_parents", **pairs).fetchall())
+        outcomes = self._batch({**pairs, "payloads": payloads})
+        self._exec(cur, "child_outcomes_put", **outcomes)
+        self._woken(cur, self._exec(cur, "wake_parents", **self._batch(pairs)).fetchall())
 
     # -- runs -----------------------------------------------------------------------
 
@@ -208,7 +217,8 @@ class Transitions(Generic[C]):
                 return self.read.run(row), True
             found = None
             if new.key is not None:
-                found = self._exec(cur, "runs_by_key", apps=[new.app], keys=[new.key]).fetchone()
+                keys = self._batch(rows.arrays([new], rows.KEY_ARRAYS))
+                found = self._exec(cur, "runs_by_key", **keys).fetchone()
             if found is None:
                 raise errors.InvalidInput(f"run id {new.run_id!r} is already taken")
             return self.read.run(found), False
@@ -218,13 +228,14 @@ class Transitions(Generic[C]):
     def create_children(self, claim: port.Claim, children: Sequence[port.NewRun]) -> list[port.Run]:
         """Create the claimed run's children in one statement (fenced)."""
         rows.check_children(claim.run_id, children)
-        arrays = rows.arrays(children, rows.CHILD_ARRAYS)
+        batch = self._batch(rows.arrays(children, rows.CHILD_ARRAYS))
+        keys = self._batch(rows.arrays(children, rows.KEY_ARRAYS))
 
         def work(cur: C) -> list[port.Run]:
             self._fenced(cur, "fence_touch", claim, claim.canceling, receipts=0)
             if not children:
                 return []
-            created = self._exec(cur, "create_children", parent_id=claim.run_id, **arrays)
+            created = self._exec(cur, "create_children", parent_id=claim.run_id, **batch)
             made = created.fetchall()
             self._append(
                 cur, [ledger.Receipt(r["run_id"], 1, "initialized", 0, None) for r in made]
@@ -232,7 +243,7 @@ class Transitions(Generic[C]):
             apps = [r["app"] for r in made]
             if apps:
                 self._notify(cur, apps)
-            found = self._exec(cur, "runs_by_key", apps=arrays["apps"], keys=arrays["keys"])
+            found = self._exec(cur, "runs_by_key", **keys)
             children_rows = found.fetchall()
             if len(children_rows) != len(children):
                 raise errors.StoreError(
@@ -398,13 +409,13 @@ class Transitions(Generic[C]):
         entries = rows.checked_entries(claim.run_id, entries)
         marks = ledger.checked_marks(marks)
         rows.check_wait_kinds(waits, claim.run_id)
-        arrays = rows.arrays(waits, rows.WAIT_ARRAYS)
+        batch = self._batch(rows.arrays(waits, rows.WAIT_ARRAYS))
         ready_at = rows.ready_at(waits, wake_at)
 
         def work(cur: C) -> bool:
             row = self._fenced(cur, "fence_touch", claim, claim.canceling, receipts=len(marks))
             self._put_journal(cur, claim.run_id, entries)
-            self._exec(cur, "park_waits", run_id=claim.run_id, app=row["app"], **arrays)
+            self._exec(cur, "park_waits", run_id=claim.run_id, app=row["app"], **batch)
             met = self._exec(cur, "park_satisfied", run_id=claim.run_id, ready_at=ready_at)
             satisfied = met.fetchone()
             assert satisfied is not None  # SELECT EXISTS returns one row

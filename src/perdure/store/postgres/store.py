@@ -88,6 +88,9 @@ class PostgresStore(connection.Connections, transitions.Transitions[Cursor]):
         """Execute a named query; ``now`` is always passed."""
         return cur.execute(_Q[query], {"now": self._now(), **params})
 
+    def _batch(self, arrays: dict[str, list[Any]]) -> dict[str, Any]:
+        return arrays
+
     def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
         self._exec(cur, "notify", apps=sorted(set(apps)))
 

@@ -1,8 +1,8 @@
 -- Named queries of the embedded store, used by perdure/store/sqlite/store.py.
 --
--- Instants are integer microseconds since the epoch; list parameters arrive
--- as JSON arrays (read with json_each, matched by index). A query may hold
--- several statements, run in order. Every write runs inside the caller's
+-- Instants are integer microseconds since the epoch; a list parameter arrives
+-- as a JSON array, and a batch as :batch, one JSON array of rows (read with
+-- json_each, in one pass). A query may hold several statements, run in order. Every write runs inside the caller's
 -- BEGIN IMMEDIATE transaction, so reads made within one see a state no other
 -- writer can change before COMMIT. The names are the PostgreSQL store's,
 -- query for query (see docs/store.md).
@@ -34,28 +34,24 @@ RETURNING *;
 
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
+-- :batch rows are [run_id, app, workflow, version, input, key].
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id,
     ledger_sequence, created_at, updated_at
 )
-SELECT i.value, a.value, w.value, v.value, 'queued', n.value, k.value, :parent_id,
-       1, :now, :now
-FROM json_each(:run_ids) AS i
-JOIN json_each(:apps) AS a ON a.key = i.key
-JOIN json_each(:workflows) AS w ON w.key = i.key
-JOIN json_each(:versions) AS v ON v.key = i.key
-JOIN json_each(:inputs) AS n ON n.key = i.key
-JOIN json_each(:keys) AS k ON k.key = i.key
+SELECT json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'), 'queued',
+       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), :parent_id, 1, :now, :now
+FROM json_each(:batch) AS b
 WHERE true
 ON CONFLICT DO NOTHING
 RETURNING run_id, app;
 
 -- name: runs_by_key
+-- :batch rows are [app, key].
 SELECT r.*
-FROM json_each(:apps) AS a
-JOIN json_each(:keys) AS k ON k.key = a.key
-JOIN runs AS r ON r.app = a.value AND r.key = k.value
-ORDER BY a.key;
+FROM json_each(:batch) AS b
+JOIN runs AS r ON r.app = json_extract(b.value, '$[0]') AND r.key = json_extract(b.value, '$[1]')
+ORDER BY b.key;
 
 -- name: run_by_id
 SELECT * FROM runs WHERE run_id = :run_id;
@@ -250,17 +246,13 @@ RETURNING run_id, app, parent_id, state, result, error, generation, ledger_seque
 -- name: journal_put
 -- An existing position is replaced only while it is 'started'; any other is
 -- left alone and missing from RETURNING, and the caller refuses.
+-- :batch rows are [position, kind, name, status, output, error, attempt].
 INSERT INTO journal (
     run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
 )
-SELECT :run_id, p.value, k.value, n.value, s.value, o.value, e.value, a.value, :now, :now
-FROM json_each(:positions) AS p
-JOIN json_each(:kinds) AS k ON k.key = p.key
-JOIN json_each(:names) AS n ON n.key = p.key
-JOIN json_each(:statuses) AS s ON s.key = p.key
-JOIN json_each(:outputs) AS o ON o.key = p.key
-JOIN json_each(:errors) AS e ON e.key = p.key
-JOIN json_each(:attempts) AS a ON a.key = p.key
+SELECT :run_id, json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'),
+       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), json_extract(b.value, '$[6]'), :now, :now
+FROM json_each(:batch) AS b
 WHERE true
 ON CONFLICT (run_id, position) DO UPDATE SET
     kind = excluded.kind,
@@ -274,44 +266,31 @@ WHERE journal.status = 'started'
 RETURNING position;
 
 -- name: ledger_append
--- Receipts arrive numbered (the runs' ledger_sequence was raised by the same
--- transaction). Only the newest ledger_limit of each run are kept, counting
--- the new ones, so a transition with more receipts than the limit stores
--- only its last ones.
+-- Receipts arrive numbered and already cut to the window (the runs'
+-- ledger_sequence was raised by the same transaction); :floors holds, per
+-- run, the lowest sequence kept: older receipts are deleted.
+-- :batch rows are [run_id, sequence, kind, generation, worker, step, digest, note].
 INSERT INTO ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
-SELECT r.value, s.value, k.value, :now, g.value, w.value, t.value, d.value, n.value
-FROM json_each(:run_ids) AS r
-JOIN json_each(:sequences) AS s ON s.key = r.key
-JOIN json_each(:kinds) AS k ON k.key = r.key
-JOIN json_each(:generations) AS g ON g.key = r.key
-JOIN json_each(:workers) AS w ON w.key = r.key
-JOIN json_each(:steps) AS t ON t.key = r.key
-JOIN json_each(:digests) AS d ON d.key = r.key
-JOIN json_each(:notes) AS n ON n.key = r.key
-WHERE s.value > (
-    SELECT max(s2.value) FROM json_each(:run_ids) AS r2
-    JOIN json_each(:sequences) AS s2 ON s2.key = r2.key
-    WHERE r2.value = r.value
-) - :ledger_limit;
-DELETE FROM ledger
-WHERE run_id IN (SELECT value FROM json_each(:run_ids))
-  AND sequence <= (
-    SELECT max(s2.value) FROM json_each(:run_ids) AS r2
-    JOIN json_each(:sequences) AS s2 ON s2.key = r2.key
-    WHERE r2.value = ledger.run_id
-) - :ledger_limit;
+SELECT json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), :now, json_extract(b.value, '$[3]'),
+       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), json_extract(b.value, '$[6]'), json_extract(b.value, '$[7]')
+FROM json_each(:batch) AS b;
+DELETE FROM ledger WHERE (run_id, sequence) IN (
+    SELECT l.run_id, l.sequence
+    FROM json_each(:floors) AS f
+    JOIN ledger AS l
+      ON l.run_id = json_extract(f.value, '$[0]') AND l.sequence < json_extract(f.value, '$[1]')
+);
 
 -- name: park_waits
 -- Replaces the run's registrations. A wait registered again keeps its
 -- created_at, so listings stay in order.
+-- :batch rows are [name, kind, deadline, after_sequence].
 DELETE FROM waits
-WHERE run_id = :run_id AND name NOT IN (SELECT value FROM json_each(:names));
+WHERE run_id = :run_id
+  AND name NOT IN (SELECT json_extract(value, '$[0]') FROM json_each(:batch));
 INSERT INTO waits (run_id, name, app, kind, deadline, after_sequence, created_at)
-SELECT :run_id, n.value, :app, k.value, d.value, a.value, :now
-FROM json_each(:names) AS n
-JOIN json_each(:kinds) AS k ON k.key = n.key
-JOIN json_each(:deadlines) AS d ON d.key = n.key
-JOIN json_each(:after) AS a ON a.key = n.key
+SELECT :run_id, json_extract(b.value, '$[0]'), :app, json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'), :now
+FROM json_each(:batch) AS b
 WHERE true
 ON CONFLICT (run_id, name) DO UPDATE SET
     kind = excluded.kind,
@@ -358,18 +337,18 @@ SELECT * FROM outcomes WHERE run_id = :run_id AND name = :name;
 
 -- name: child_outcomes_put
 -- Only a parent that has not ended can still use its child's outcome.
+-- :batch rows are [parent_id, name, payload].
 INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
-SELECT p.run_id, n.value, 'signaled', NULL, c.value, NULL, :now
-FROM json_each(:parent_ids) AS i
-JOIN json_each(:names) AS n ON n.key = i.key
-JOIN json_each(:payloads) AS c ON c.key = i.key
-JOIN runs AS p ON p.run_id = i.value
+SELECT p.run_id, json_extract(b.value, '$[1]'), 'signaled', NULL, json_extract(b.value, '$[2]'), NULL, :now
+FROM json_each(:batch) AS b
+JOIN runs AS p ON p.run_id = json_extract(b.value, '$[0]')
 WHERE p.state IN ('queued', 'running', 'waiting')
 ON CONFLICT (run_id, name) DO NOTHING;
 
 -- name: wake_parents
 -- A child's end wakes its parent only when the parent is parked on that very
 -- child, so a fan-out does not wake the parent once per child.
+-- :batch rows are [parent_id, name].
 UPDATE runs SET
     state = 'queued',
     ready_at = NULL,
@@ -378,9 +357,8 @@ UPDATE runs SET
 WHERE state = 'waiting'
   AND run_id IN (
       SELECT w.run_id
-      FROM json_each(:parent_ids) AS i
-      JOIN json_each(:names) AS n ON n.key = i.key
-      JOIN waits AS w ON w.run_id = i.value AND w.name = n.value
+      FROM json_each(:batch) AS b
+      JOIN waits AS w ON w.run_id = json_extract(b.value, '$[0]') AND w.name = json_extract(b.value, '$[1]')
   )
 RETURNING run_id, app, generation, ledger_sequence;
 
