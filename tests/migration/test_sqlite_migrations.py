@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from perdure import errors
-from perdure.store import open_store, sqlfiles, sqlite
+from perdure.store import open_store, port, sqlfiles
+from perdure.store.sqlite import store as sqlite
 
 
 def _objects(path: Path) -> list[tuple[str, str, str, str | None]]:
@@ -151,3 +152,31 @@ def test_a_failing_migration_changes_nothing(
     store.close()
     assert _objects(path) == before
     assert _versions(path) == [m.version for m in known]
+
+
+def test_upgrading_a_first_version_store_reaches_schema_sql(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, reference = tmp_path / "s.db", tmp_path / "reference.db"
+    known = sqlfiles.migrations("sqlite")
+    monkeypatch.setattr(sqlfiles, "migrations", lambda adapter: known[:1])
+    store = sqlite.SqliteStore(f"sqlite:///{path}")
+    store.migrate()
+    run, _ = store.create_run(port.NewRun("r1", "app", "wf", "1", "{}", key="k"))
+    store.close()
+    monkeypatch.setattr(sqlfiles, "migrations", lambda adapter: known)
+
+    _migrated(path)
+
+    conn = sqlite3.connect(reference)
+    conn.executescript(sqlfiles.schema("sqlite"))
+    conn.close()
+    assert _objects(path) == _objects(reference)
+    assert _versions(path) == [m.version for m in known]
+    # The TTL column and the sweep's index came with the upgrade; the run kept its row.
+    assert ("index", "runs_running", "runs") in [o[:3] for o in _objects(path)]
+    store = sqlite.SqliteStore(f"sqlite:///{path}")
+    try:
+        assert store.get_run("r1") == run
+    finally:
+        store.close()
