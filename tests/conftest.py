@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-# The conformance suite lives in the package; let pytest explain its failed asserts.
+# The conformance suite lives in the package; let pytest explain its failed asserts
+# (registering the package covers every module in it).
 pytest.register_assert_rewrite("perdure.testing.conformance")
 
 STORES = ("sqlite", "postgres")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import get_args
 
 from perdure import errors
 from perdure import journal as bodies
@@ -19,8 +20,8 @@ JOURNAL_KINDS = frozenset(
 )
 # Kinds whose entry may stay "started": a once effect in flight, or an open wait.
 STARTED_KINDS = frozenset({"step", "wait", "receive"})
-ENTRY_STATUSES = frozenset({"started", "ok", "error"})
-OUTCOME_KINDS = frozenset({"signaled", "timed_out", "canceled"})
+ENTRY_STATUSES: frozenset[str] = frozenset(get_args(port.EntryStatus))
+OUTCOME_KINDS: frozenset[str] = frozenset(get_args(port.OutcomeKind))
 
 
 def _fail(run_id: str, invariant: str, detail: str) -> errors.CorruptState:

@@ -348,7 +348,7 @@ def test_a_once_step_dying_in_its_retry_after_effect_failed(
 
 def _database(url: str) -> Any:
     if url.startswith("sqlite:"):
-        from perdure.store.sqlite import database_path
+        from perdure.store.sqlite.connection import database_path
 
         return sqlite3.connect(database_path(url), timeout=10)
     import psycopg

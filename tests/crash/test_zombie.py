@@ -47,7 +47,7 @@ def effects(env: dict[str, str]) -> list[str]:
 def store_is_quiet(url: str) -> bool:
     """Return whether no transaction is open on the store (a frozen one would block others)."""
     if url.startswith("sqlite:"):
-        from perdure.store.sqlite import database_path
+        from perdure.store.sqlite.connection import database_path
 
         conn = sqlite3.connect(database_path(url), timeout=0.2, isolation_level=None)
         try:

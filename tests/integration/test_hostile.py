@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 import perdure
-from perdure.store import sqlite as sqlite_store
+from perdure.store.sqlite import connection as sqlite_connection
 from perdure.testing.clock import FakeClock
 
 WORKER: dict[str, Any] = {"concurrency": 4, "lease_ttl": 2, "heartbeat": 0.5, "poll_interval": 0.05}
@@ -79,7 +79,7 @@ class Db:
         """Run one statement in its own transaction; return its rows as dicts."""
         sql = sql.format(**self._tables)
         if self.kind == "sqlite":
-            conn = sqlite3.connect(sqlite_store.database_path(self.url), timeout=10)
+            conn = sqlite3.connect(sqlite_connection.database_path(self.url), timeout=10)
             conn.row_factory = sqlite3.Row
             try:
                 found = [dict(row) for row in conn.execute(sql.replace("%s", "?"), params)]
@@ -390,9 +390,7 @@ READ = {
     "ledger_initialized_later": Case(ledger_initialized_later, "ledger_first"),
     "ledger_generation_backwards": Case(ledger_generation_backwards, "ledger_generation"),
     "ledger_generation_ahead_of_run": Case(ledger_generation_ahead, "ledger_generation"),
-    "ledger_unknown_kind": Case(
-        ledger_unknown_kind, {"sqlite": "ledger.kind", "postgres": "ledger_kind"}
-    ),
+    "ledger_unknown_kind": Case(ledger_unknown_kind, "ledger_kind"),
     "ledger_empty": Case(ledger_emptied, "ledger_empty"),
     "ledger_count_above_limit": Case(
         ledger_extra_old_receipt, "ledger_count", options={"ledger_limit": 4}
@@ -428,37 +426,35 @@ CLAIMED = {
 }
 
 SET_ASIDE = {
-    "run_unknown_state": Case(
-        run_column("state", "zombie"), {"sqlite": "runs.state", "postgres": "run_state"}, read="get"
-    ),
+    "run_unknown_state": Case(run_column("state", "zombie"), "run_state", read="get"),
     "run_negative_generation": Case(
         run_column("generation", -1),
-        {"sqlite": "runs.generation", "postgres": "run_generation"},
+        "run_generation",
         read="get",
     ),
     "run_generation_far_below_zero": Case(
         run_column("generation", -5),
-        {"sqlite": "runs.generation", "postgres": "run_generation"},
+        "run_generation",
         read="get",
     ),
     "run_negative_ledger_sequence": Case(
         run_column("ledger_sequence", -2),
-        {"sqlite": "runs.ledger_sequence", "postgres": "run_ledger_sequence"},
+        "run_ledger_sequence",
         read="get",
     ),
     "journal_unknown_status": Case(
         journal_column(2, "status", "exploded"),
-        {"sqlite": "journal.status", "postgres": "journal_status"},
+        "journal_status",
         read="journal",
     ),
     "journal_attempt_zero": Case(
         journal_column(2, "attempt", 0),
-        {"sqlite": "journal.attempt", "postgres": "journal_attempt"},
+        "journal_attempt",
         read="journal",
     ),
     "outcome_unknown_kind": Case(
         outcome_column("outcome", "exploded"),
-        {"sqlite": "outcomes.outcome", "postgres": "outcome_outcome"},
+        "outcome_kind",
         read="outcomes",
     ),
     "run_worker_with_space": Case(
@@ -695,7 +691,7 @@ def test_a_run_set_aside_by_the_claim_surfaces_as_needs_attention(
     info = scene.app.get(scene.victim)
     assert info.state == "needs_attention"
     assert info.error is not None
-    invariant = "journal.status" if scene.store == "sqlite" else "journal_status"
+    invariant = "journal_status"
     assert (info.error["code"], info.error["invariant"]) == ("corrupt_state", invariant)
     last = scene.app.history(scene.victim)[-1]
     assert (last.kind, last.note, last.worker) == ("finished", f"set aside: {invariant}", None)

@@ -12,7 +12,8 @@ import pytest
 
 import pg  # tests/pg.py, on the path through tests/conftest.py
 from perdure import errors
-from perdure.store import open_store, port, postgres, sqlfiles
+from perdure.store import open_store, port, sqlfiles
+from perdure.store.postgres import store as postgres
 
 pytestmark = pytest.mark.postgres
 
@@ -159,3 +160,40 @@ def test_a_newer_schema_is_refused(postgres_url: str) -> None:
         "upgrade perdure"
     )
     assert _versions(postgres_url) == [*range(1, latest + 1), newer]
+
+
+def test_upgrading_a_first_version_store_builds_the_reference_schema(
+    postgres_url: str, other_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known = sqlfiles.migrations("postgres")
+    monkeypatch.setattr(sqlfiles, "migrations", lambda adapter: known[:1])
+    store = postgres.PostgresStore(postgres_url)
+    try:
+        store.migrate()
+        # A run as the first version wrote it: today's queries name later columns.
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO perdure.runs (run_id, app, workflow, version, state, input, key, "
+                "ledger_sequence, created_at, updated_at) "
+                "VALUES ('r1', 'app', 'wf', '1', 'queued', '{}', 'k', 1, now(), now())"
+            )
+            conn.execute(
+                "INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation) "
+                "VALUES ('r1', 1, 'initialized', now(), 0)"
+            )
+        monkeypatch.setattr(sqlfiles, "migrations", lambda adapter: known)
+        store.migrate()
+        run = store.get_run("r1")
+        assert run is not None
+        assert (run.state, run.key, run.ledger_limit) == ("queued", "k", 256)
+        assert [r.kind for r in store.history("r1")] == ["initialized"]
+    finally:
+        store.close()
+    with psycopg.connect(other_db_url, autocommit=True) as conn:
+        conn.execute(sqlfiles.schema("postgres"))
+
+    migrated, reference = _catalog(postgres_url), _catalog(other_db_url)
+    for part in _CATALOG:
+        assert migrated[part] == reference[part], part
+    assert ("runs", "lease_ttl") in [(c[0], c[2]) for c in migrated["columns"]]
+    assert _versions(postgres_url) == [m.version for m in known]

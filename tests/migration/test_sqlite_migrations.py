@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from perdure import errors
-from perdure.store import open_store, sqlfiles, sqlite
+from perdure.store import open_store, sqlfiles
+from perdure.store.sqlite import store as sqlite
 
 
 def _objects(path: Path) -> list[tuple[str, str, str, str | None]]:
@@ -151,3 +152,46 @@ def test_a_failing_migration_changes_nothing(
     store.close()
     assert _objects(path) == before
     assert _versions(path) == [m.version for m in known]
+
+
+def test_upgrading_a_first_version_store_reaches_schema_sql(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, reference = tmp_path / "s.db", tmp_path / "reference.db"
+    known = sqlfiles.migrations("sqlite")
+    monkeypatch.setattr(sqlfiles, "migrations", lambda adapter: known[:1])
+    store = sqlite.SqliteStore(f"sqlite:///{path}")
+    store.migrate()
+    store.close()
+    # A run as the first version wrote it: today's queries name later columns.
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "INSERT INTO runs (run_id, app, workflow, version, state, input, key, "
+        "ledger_sequence, created_at, updated_at) "
+        "VALUES ('r1', 'app', 'wf', '1', 'queued', '{}', 'k', 1, 0, 0)"
+    )
+    conn.execute(
+        "INSERT INTO ledger (run_id, sequence, kind, at, generation) "
+        "VALUES ('r1', 1, 'initialized', 0, 0)"
+    )
+    conn.commit()
+    conn.close()
+    monkeypatch.setattr(sqlfiles, "migrations", lambda adapter: known)
+
+    _migrated(path)
+
+    conn = sqlite3.connect(reference)
+    conn.executescript(sqlfiles.schema("sqlite"))
+    conn.close()
+    assert _objects(path) == _objects(reference)
+    assert _versions(path) == [m.version for m in known]
+    # The TTL column and the sweep's index came with the upgrade; the run kept its row.
+    assert ("index", "runs_running", "runs") in [o[:3] for o in _objects(path)]
+    store = sqlite.SqliteStore(f"sqlite:///{path}")
+    try:
+        run = store.get_run("r1")
+        assert run is not None
+        assert (run.state, run.key, run.ledger_limit) == ("queued", "k", 256)
+        assert [r.kind for r in store.history("r1")] == ["initialized"]
+    finally:
+        store.close()

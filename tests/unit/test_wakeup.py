@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from perdure.store import wakeup
+from perdure.store.sqlite import wakeup
 
 
 def _dead_pid() -> int:

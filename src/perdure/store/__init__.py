@@ -40,17 +40,17 @@ def open_store(
     scheme = urlsplit(url).scheme if "://" in url else ""
     store: port.Store
     if scheme == "sqlite":
-        from perdure.store import sqlite
+        from perdure.store.sqlite import store as sqlite_store
 
-        store = sqlite.SqliteStore(url, clock=clock, ledger_limit=ledger_limit)
+        store = sqlite_store.SqliteStore(url, clock=clock, ledger_limit=ledger_limit)
     elif scheme in ("postgresql", "postgres"):
         try:
-            from perdure.store import postgres
+            from perdure.store.postgres import store as postgres_store
         except ImportError as exc:
             raise errors.InvalidStoreURL(
                 "a postgresql:// store needs the postgres extra: pip install 'perdure[postgres]'"
             ) from exc
-        store = postgres.PostgresStore(url, clock=clock, ledger_limit=ledger_limit)
+        store = postgres_store.PostgresStore(url, clock=clock, ledger_limit=ledger_limit)
     else:
         raise errors.InvalidStoreURL(
             f"unsupported store URL {url!r}: use sqlite:///path.db or postgresql://..."

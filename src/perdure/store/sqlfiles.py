@@ -1,4 +1,4 @@
-"""Load an adapter's named queries and migrations from its ``sql/<adapter>/`` folder.
+"""Load an adapter's named queries and migrations from its ``<adapter>/sql/`` folder.
 
 A query file holds blocks that start with ``-- name: <query_name>``; the text
 up to the next such line is the query. Migrations are ``migrations/NNNN_*.sql``
@@ -25,7 +25,7 @@ class Migration:
 
 
 def _folder(adapter: str) -> resources.abc.Traversable:
-    return resources.files("perdure.store").joinpath("sql", adapter)
+    return resources.files(f"perdure.store.{adapter}").joinpath("sql")
 
 
 def queries(adapter: str) -> dict[str, str]:
@@ -35,7 +35,7 @@ def queries(adapter: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in found:
-            raise ValueError(f"query {name!r} is defined twice in sql/{adapter}/queries.sql")
+            raise ValueError(f"query {name!r} is defined twice in {adapter}/sql/queries.sql")
         found[name] = body.strip().rstrip(";").strip()
     return found
 

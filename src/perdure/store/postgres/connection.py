@@ -4,7 +4,8 @@
 copy without its password for messages), opens a pool of autocommit
 connections, runs work in one transaction with database failures translated
 to store errors (``_transact``), and waits for ``NOTIFY perdure_ready`` on a
-dedicated connection (``wait_ready``). :class:`perdure.store.postgres.PostgresStore`
+dedicated connection (``wait_ready``). Stores a program leaves open are closed
+by an exit hook (``_close_at_exit``). :class:`perdure.store.postgres.store.PostgresStore`
 builds the store operations on it.
 """
 

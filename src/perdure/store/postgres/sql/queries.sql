@@ -1,4 +1,4 @@
--- Named queries of the shared store, used by perdure/store/postgres.py.
+-- Named queries of the shared store, used by perdure/store/postgres/store.py.
 --
 -- The store's "now" is written coalesce(NOW_PARAM::timestamptz,
 -- statement_timestamp()): the injected clock's instant when the store was
@@ -10,11 +10,9 @@
 -- the run is running and, unless the claim acknowledged it, no cancel was
 -- requested. Zero rows means the claim is lost; the caller diagnoses why.
 
--- name: migrate_lock
--- One migrator per database at a time; released at commit.
-SELECT pg_advisory_xact_lock(31636739377689189);
-
 -- name: migrate_prepare
+-- One migrator per database at a time (the lock is released at commit).
+SELECT pg_advisory_xact_lock(31636739377689189);
 CREATE SCHEMA IF NOT EXISTS perdure;
 CREATE TABLE IF NOT EXISTS perdure.schema_version (
     version integer PRIMARY KEY,
@@ -39,47 +37,35 @@ SELECT pg_notify('perdure_ready', app) FROM unnest(%(apps)s::text[]) AS app;
 
 -- name: create_run
 -- A conflict on run_id or on (app, key) stores nothing; the caller reads back.
-WITH created AS (
-    INSERT INTO perdure.runs (
-        run_id, app, workflow, version, state, input, key, parent_id,
-        ledger_sequence, ledger_limit, created_at, updated_at
-    )
-    VALUES (
-        %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
-        %(parent_id)s, 1, %(ledger_limit)s,
-        coalesce(%(now)s::timestamptz, statement_timestamp()),
-        coalesce(%(now)s::timestamptz, statement_timestamp())
-    )
-    ON CONFLICT DO NOTHING
-    RETURNING *
-), receipt AS (
-    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation)
-    SELECT run_id, 1, 'initialized', created_at, 0 FROM created
+INSERT INTO perdure.runs (
+    run_id, app, workflow, version, state, input, key, parent_id,
+    ledger_sequence, ledger_limit, created_at, updated_at
 )
-SELECT * FROM created;
+VALUES (
+    %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
+    %(parent_id)s, 1, %(ledger_limit)s,
+    coalesce(%(now)s::timestamptz, statement_timestamp()),
+    coalesce(%(now)s::timestamptz, statement_timestamp())
+)
+ON CONFLICT DO NOTHING
+RETURNING *;
 
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
-WITH created AS (
-    INSERT INTO perdure.runs (
-        run_id, app, workflow, version, state, input, key, parent_id,
-        ledger_sequence, ledger_limit, created_at, updated_at
-    )
-    SELECT c.run_id, c.app, c.workflow, c.version, 'queued', c.input, c.key, %(parent_id)s,
-           1, %(ledger_limit)s,
-           coalesce(%(now)s::timestamptz, statement_timestamp()),
-           coalesce(%(now)s::timestamptz, statement_timestamp())
-    FROM unnest(
-        %(run_ids)s::text[], %(apps)s::text[], %(workflows)s::text[],
-        %(versions)s::text[], %(inputs)s::text[], %(keys)s::text[]
-    ) AS c(run_id, app, workflow, version, input, key)
-    ON CONFLICT DO NOTHING
-    RETURNING run_id, app, created_at
-), receipt AS (
-    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation)
-    SELECT run_id, 1, 'initialized', created_at, 0 FROM created
+INSERT INTO perdure.runs (
+    run_id, app, workflow, version, state, input, key, parent_id,
+    ledger_sequence, ledger_limit, created_at, updated_at
 )
-SELECT DISTINCT app FROM created;
+SELECT c.run_id, c.app, c.workflow, c.version, 'queued', c.input, c.key, %(parent_id)s,
+       1, %(ledger_limit)s,
+       coalesce(%(now)s::timestamptz, statement_timestamp()),
+       coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM unnest(
+    %(run_ids)s::text[], %(apps)s::text[], %(workflows)s::text[],
+    %(versions)s::text[], %(inputs)s::text[], %(keys)s::text[]
+) AS c(run_id, app, workflow, version, input, key)
+ON CONFLICT DO NOTHING
+RETURNING run_id, app;
 
 -- name: runs_by_key
 SELECT r.*
@@ -128,7 +114,7 @@ SELECT * FROM perdure.journal WHERE run_id = %(run_id)s ORDER BY position;
 -- name: journals
 SELECT * FROM perdure.journal WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY run_id, position;
 
--- name: journal_entry_lock
+-- name: journal_entry
 SELECT * FROM perdure.journal
 WHERE run_id = %(run_id)s AND position = %(position)s
 FOR UPDATE;
@@ -392,30 +378,29 @@ RETURNING position;
 
 -- name: ledger_append
 -- Receipts arrive numbered (the runs' ledger_sequence was raised by the same
--- transaction). Only the newest receipts of each run are kept, as many as
--- the run's own ledger_limit, counting the new ones, so a transition with
--- more receipts than the limit stores only its last ones.
+-- transaction). Each run keeps its newest receipts, as many as its own
+-- ledger_limit, counting the new ones: a transition with more receipts than
+-- that stores only its last ones.
 WITH receipt AS (
     SELECT * FROM unnest(
         %(run_ids)s::text[], %(sequences)s::bigint[], %(kinds)s::text[],
         %(generations)s::bigint[], %(workers)s::text[], %(steps)s::text[],
         %(digests)s::text[], %(notes)s::text[]
     ) AS r(run_id, sequence, kind, generation, worker, step, digest, note)
-), newest AS (
-    SELECT r.run_id, max(r.sequence) AS last, min(u.ledger_limit) AS keep
-    FROM receipt AS r JOIN perdure.runs AS u ON u.run_id = r.run_id
-    GROUP BY r.run_id
+), bound AS (
+    SELECT u.run_id, u.ledger_sequence - u.ledger_limit AS below
+    FROM perdure.runs AS u WHERE u.run_id IN (SELECT run_id FROM receipt)
 ), trimmed AS (
-    DELETE FROM perdure.ledger AS l USING newest AS n
-    WHERE l.run_id = n.run_id AND l.sequence <= n.last - n.keep
+    DELETE FROM perdure.ledger AS l USING bound AS b
+    WHERE l.run_id = b.run_id AND l.sequence <= b.below
 )
 INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
 SELECT r.run_id, r.sequence, r.kind, coalesce(%(now)s::timestamptz, statement_timestamp()),
        r.generation, r.worker, r.step, r.digest, r.note
-FROM receipt AS r JOIN newest AS n ON n.run_id = r.run_id
-WHERE r.sequence > n.last - n.keep;
+FROM receipt AS r JOIN bound AS b ON b.run_id = r.run_id
+WHERE r.sequence > b.below;
 
--- name: waits_register
+-- name: park_waits
 -- Replaces the run's registrations. A wait registered again keeps its
 -- created_at, so listings stay in order.
 WITH dropped AS (
@@ -519,7 +504,7 @@ WHERE w.run_id = %(run_id)s AND w.app = %(app)s
   )
 ORDER BY w.created_at, w.name;
 
--- name: wake_runs
+-- name: wake
 UPDATE perdure.runs SET
     state = 'queued',
     ready_at = NULL,
@@ -540,11 +525,18 @@ RETURNING sequence;
 -- name: message_counted
 UPDATE perdure.runs SET message_sequence = message_sequence + 1 WHERE run_id = %(run_id)s;
 
--- name: channel_waited
-SELECT EXISTS (
+-- name: wake_on_channel
+UPDATE perdure.runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'waiting'
+  AND EXISTS (
     SELECT 1 FROM perdure.waits
-    WHERE run_id = %(run_id)s AND kind = 'channel' AND name = %(channel)s
-) AS waited;
+    WHERE waits.run_id = %(run_id)s AND waits.kind = 'channel' AND waits.name = %(channel)s
+  )
+RETURNING run_id, app, generation, ledger_sequence;
 
 -- name: next_message
 SELECT * FROM perdure.messages

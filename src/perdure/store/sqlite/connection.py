@@ -1,26 +1,32 @@
 """The embedded store's connection layer: the file, the pool and the write path.
 
 :class:`Connections` opens the database file named by a ``sqlite:///`` URL,
-lends pooled connections to reads (``_fetch``) and runs every write in a
-``BEGIN IMMEDIATE`` transaction shared by the writers of one process (group
-commit, ``_write``), handing each body a :class:`_Tx`.
-:class:`perdure.store.sqlite.SqliteStore` builds the store operations on it.
+lends pooled connections to reads and runs every write in a ``BEGIN
+IMMEDIATE`` transaction shared by the writers of one process (group commit,
+``_write``); ``_transact`` hands either to a body as a :class:`Tx`. Named
+queries may hold several statements, run in order; list parameters are
+passed as JSON arrays and instants as microseconds. Waiters on this host are
+woken through :mod:`perdure.store.sqlite.wakeup`.
+:class:`perdure.store.sqlite.store.SqliteStore` builds the store operations on it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from datetime import datetime
+from typing import Any, TypeVar
 
 from perdure import errors
-from perdure.store import port, sqlfiles
-from perdure.store import sqlite_rows as rows
+from perdure.store import port, rows, sqlfiles
+from perdure.store.sqlite import wakeup
 
-_Q = sqlfiles.queries("sqlite")
+T = TypeVar("T")
+
 _BUSY_TIMEOUT = 10.0
 
 
@@ -58,10 +64,55 @@ def _check_location(path: str) -> None:
     raise errors.StoreUnavailable(f"cannot open the SQLite store {path}: {problem}.")
 
 
-def _execute(
-    conn: sqlite3.Connection, query: str, params: dict[str, Any]
-) -> tuple[list[sqlite3.Row], int]:
-    """Run a named query; return its rows and how many rows it changed.
+def statements(script: str) -> list[str]:
+    """Split ``script`` into complete statements (``executescript`` would commit first)."""
+    found: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            found.append(pending.strip())
+            pending = ""
+    leftover = [ln for ln in pending.splitlines() if ln.strip() and not ln.strip().startswith("--")]
+    if leftover:
+        raise ValueError(f"an incomplete SQL statement: {leftover[0]!r}")
+    return found
+
+
+# SQLite runs one statement per call: a named query may hold several, run in order.
+_Q = {name: statements(text + ";") for name, text in sqlfiles.queries("sqlite").items()}
+
+
+def _param(value: Any) -> Any:
+    """Return ``value`` as SQLite holds it: instants as microseconds, lists as JSON arrays."""
+    if isinstance(value, datetime):
+        return rows.to_us(value)
+    if isinstance(value, list | tuple):
+        return json.dumps([_param(item) for item in value])
+    return value
+
+
+class Result:
+    """What a named query returned: its rows and how many rows it changed."""
+
+    __slots__ = ("_rows", "rowcount")
+
+    def __init__(self, found: list[sqlite3.Row], rowcount: int) -> None:
+        self._rows = found
+        self.rowcount = rowcount
+
+    def fetchone(self) -> sqlite3.Row | None:
+        return self._rows[0] if self._rows else None
+
+    def fetchall(self) -> list[sqlite3.Row]:
+        return self._rows
+
+    def __iter__(self) -> Iterator[sqlite3.Row]:
+        return iter(self._rows)
+
+
+def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -> Result:
+    """Run a named query.
 
     Raises:
         errors.StoreUnavailable: SQLite could not run it (locked, I/O, no schema).
@@ -70,12 +121,18 @@ def _execute(
     # plain tuples for the bodies of transaction_step.
     cursor = conn.cursor()
     cursor.row_factory = sqlite3.Row
+    values = {name: _param(value) for name, value in params.items()}
+    found: list[sqlite3.Row] = []
+    changed = 0
     try:
-        cursor.execute(_Q[query], params)
-        # fetchall also finishes the statement, which COMMIT requires.
-        return cursor.fetchall(), cursor.rowcount
+        for statement in _Q[query]:
+            cursor.execute(statement, values)
+            # fetchall also finishes the statement, which COMMIT requires.
+            found += cursor.fetchall()
+            changed += max(0, cursor.rowcount)
     except sqlite3.OperationalError as exc:
         raise errors.StoreUnavailable(f"the SQLite query {query} failed: {exc}") from exc
+    return Result(found, changed)
 
 
 # A group commits once it holds this many writes, however many are queued.
@@ -91,51 +148,26 @@ class _Group:
         self.error: errors.StoreUnavailable | None = None
 
 
-class _Tx:
-    """One connection inside one transaction, with the instant it runs at."""
+class Tx:
+    """One connection inside one transaction (or one read), with the instant it runs at."""
 
-    __slots__ = ("conn", "limit", "now")
+    __slots__ = ("conn", "notify", "now")
 
-    def __init__(self, conn: sqlite3.Connection, now: int, limit: int) -> None:
+    def __init__(self, conn: sqlite3.Connection, now: datetime) -> None:
         self.conn = conn
         self.now = now
-        self.limit = limit
+        # Set by a write that makes a run ready: waiters are woken after COMMIT.
+        self.notify = False
 
-    def rows(self, query: str, **params: Any) -> list[sqlite3.Row]:
-        return _execute(self.conn, query, {"now": self.now, **params})[0]
-
-    def one(self, query: str, **params: Any) -> sqlite3.Row | None:
-        found = self.rows(query, **params)
-        return found[0] if found else None
-
-    def run(self, query: str, **params: Any) -> int:
-        return _execute(self.conn, query, {"now": self.now, **params})[1]
-
-    def append(
-        self,
-        run_id: str,
-        last: int,
-        marks: Sequence[port.Mark],
-        generation: int,
-        worker: str | None,
-    ) -> None:
-        """Store ``marks`` as receipts numbered up to ``last``; keep the run's newest ones."""
-        if not marks:
-            return
-        first = last - len(marks) + 1
-        for mark in marks:
-            rows.check_mark(mark)
-        fixed = {"run_id": run_id, "at": self.now, "generation": generation, "worker": worker}
-        for i, mark in enumerate(marks):
-            self.run("ledger_append", **vars(mark), **fixed, sequence=first + i)
-        if last > 1:
-            self.run("ledger_trim", run_id=run_id, last=last)
+    def execute(self, query: str, params: dict[str, Any]) -> Result:
+        """Run the named query ``query``; ``now`` is always passed."""
+        return _execute(self.conn, query, {"now": self.now, **params})
 
 
 class Connections:
     """The connections of one store object to one SQLite database file."""
 
-    def __init__(self, url: str, *, clock: port.Clock | None, ledger_limit: int) -> None:
+    def __init__(self, url: str, *, clock: port.Clock | None) -> None:
         """Open (creating if missing) the database file named by ``url``.
 
         Raises:
@@ -146,7 +178,6 @@ class Connections:
         self.path = database_path(url)
         _check_location(self.path)
         self._clock: port.Clock = clock or port.SystemClock()
-        self._limit = ledger_limit
         self._lock = threading.Lock()
         self._mutex = threading.Lock()
         self._queue_lock = threading.Lock()
@@ -156,6 +187,7 @@ class Connections:
         self._closed = False
         # Connect now so that a bad location fails here, and the file exists.
         self._idle: list[sqlite3.Connection] = [self._connect()]
+        self._wakeup = wakeup.Channel(self.path)
 
     # -- connections ------------------------------------------------------
 
@@ -205,7 +237,7 @@ class Connections:
         conn.close()
 
     @contextmanager
-    def _write(self) -> Iterator[_Tx]:
+    def _write(self) -> Iterator[Tx]:
         """Run the body as part of a durable write; return once it is committed.
 
         Writers of this store object take turns on one open ``BEGIN
@@ -227,7 +259,7 @@ class Connections:
             self._statement(conn, "SAVEPOINT body")
             try:
                 # The clock is read under the lock, so instants follow commit order.
-                yield _Tx(conn, rows.to_us(self._clock.now()), self._limit)
+                yield Tx(conn, self._now())
             except BaseException:
                 with suppress(sqlite3.Error):
                     conn.execute("ROLLBACK TO body")
@@ -284,18 +316,49 @@ class Connections:
             self._release(conn)
             group.committed.set()
 
-    def _fetch(self, query: str, **params: Any) -> list[sqlite3.Row]:
-        conn = self._acquire()
-        try:
-            # Reads need no transaction: in WAL mode each statement sees one snapshot.
-            return _execute(conn, query, params)[0]
-        finally:
-            self._release(conn)
+    def _now(self) -> datetime:
+        now = self._clock.now()
+        if now.tzinfo is None or now.utcoffset() is None:
+            raise errors.InvalidInput("the store's clock must return aware datetimes")
+        return now
 
-    def _close_connections(self) -> None:
-        """Close every idle connection now and busy ones when they return."""
+    def _transact(self, work: Callable[[Tx], T], *, retry: bool = True, single: bool = False) -> T:
+        """Run ``work`` in one durable write, or as one read when it is ``single``.
+
+        A read needs no transaction: in WAL mode each statement sees one
+        snapshot. Writes wait for the database lock instead of failing, so
+        nothing is retried (``retry`` is for the signature's sake). Waiters
+        are woken once the write that set ``notify`` is committed.
+        """
+        if single:
+            conn = self._acquire()
+            try:
+                return work(Tx(conn, self._now()))
+            finally:
+                self._release(conn)
+        with self._write() as tx:
+            result = work(tx)
+        if tx.notify:
+            self.notify_ready()
+        return result
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until a run may have become ready on this file, or ``timeout`` passes.
+
+        Any process on this host that writes to the file wakes the waiters
+        (see :mod:`perdure.store.sqlite.wakeup`); others are found by polling.
+        """
+        return self._wakeup.wait(timeout)
+
+    def notify_ready(self) -> None:
+        """Wake every ``wait_ready`` caller on this file, in every process of this host."""
+        self._wakeup.notify()
+
+    def close(self) -> None:
+        """Close every idle connection now and busy ones when they return. Idempotent."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+        self._wakeup.close()

@@ -1,0 +1,269 @@
+"""The shared store: PostgreSQL, for many workers on many hosts.
+
+Each port operation is one transaction on a pooled psycopg 3 connection. What
+makes it safe to share:
+
+* Row locks order deliveries and parking. Every transition of a run begins by
+  locking the run's row (the fenced UPDATE, or ``SELECT ... FOR NO KEY
+  UPDATE``) and only then reads outcomes and messages, so a ``settle_wait``,
+  ``send`` or child's end that commits concurrently with ``park`` is either
+  seen by it or finds the run ``waiting`` and wakes it.
+* Claims take candidates ``FOR NO KEY UPDATE SKIP LOCKED``, so workers step
+  over each other instead of queueing on the first row.
+* The database's clock judges leases and deadlines (unless a clock was
+  injected), so hosts never compare their clocks.
+* A transition that makes a run ready sends ``NOTIFY perdure_ready`` (delivered
+  on commit); ``wait_ready`` LISTENs on a dedicated connection.
+
+The URL, the pool, transactions and the listener are in
+:mod:`perdure.store.postgres.connection`. Most operations are written once,
+over named queries, in :mod:`perdure.store.transitions`; this module holds
+what PostgreSQL does its own way. It is the SQLite store's twin: the same
+helpers and the same named queries (``postgres/sql/queries.sql``, listed in
+``docs/store.md``) in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import psycopg.errors
+
+from perdure import errors
+from perdure.store import ledger, port, rows, sqlfiles, transitions
+from perdure.store.postgres import connection
+
+log = logging.getLogger("perdure.store.postgres")
+
+Row = connection.Row
+Cursor = connection.Cursor
+
+_Q = sqlfiles.queries("postgres")
+
+
+class _BodyRaised(Exception):
+    """Carries what a ``transaction_step`` body raised past the error translation."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+class PostgresStore(connection.Connections, transitions.Transitions[Cursor]):
+    """The port on PostgreSQL (see the module docstring)."""
+
+    read = rows.Reader(rows.NATIVE)
+
+    def __init__(
+        self, url: str, *, clock: port.Clock | None = None, ledger_limit: int = 256
+    ) -> None:
+        """Check ``url``, connect and open the pool; nothing is written.
+
+        Raises:
+            errors.InvalidStoreURL: ``url`` is not a usable PostgreSQL URL.
+            errors.StoreUnavailable: the server cannot be reached or refuses us.
+        """
+        if ledger_limit < 1:
+            raise errors.InvalidInput(f"ledger_limit must be at least 1, got {ledger_limit}")
+        super().__init__(url)
+        self._clock = clock
+        self._ledger_limit = ledger_limit
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _now(self) -> datetime | None:
+        """Return the injected clock's instant, or None to let the server's clock decide."""
+        if self._clock is None:
+            return None
+        now = self._clock.now()
+        if now.tzinfo is None:
+            raise errors.InvalidInput("the store's clock must return aware datetimes")
+        return now
+
+    def _exec(self, cur: Cursor, query: str, **params: Any) -> Cursor:
+        """Execute a named query; ``now`` is always passed."""
+        return cur.execute(_Q[query], {"now": self._now(), **params})
+
+    def _batch(self, arrays: dict[str, list[Any]]) -> dict[str, Any]:
+        return arrays
+
+    def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
+        self._exec(cur, "notify", apps=sorted(set(apps)))
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema under an advisory lock; safe when processes race.
+
+        Raises:
+            errors.SchemaTooNew: the stored schema is newer than this code.
+        """
+        migrations = sqlfiles.migrations("postgres")
+        latest = migrations[-1].version if migrations else 0
+
+        def work(cur: Cursor) -> None:
+            cur.execute(_Q["migrate_prepare"])
+            row = cur.execute(_Q["schema_version"]).fetchone()
+            current = int(row["version"]) if row else 0
+            if current > latest:
+                raise errors.SchemaTooNew(
+                    f"the store's schema is version {current} but this perdure knows up to "
+                    f"{latest}; upgrade perdure"
+                )
+            for migration in migrations[current:]:
+                cur.execute(migration.sql)
+                cur.execute(_Q["record_migration"], {"version": migration.version})
+                log.info("store %s: applied migration %s", self.url, migration.name)
+
+        self._transact(work)
+
+    def now(self) -> datetime:
+        """Return the injected clock's time, else the database server's."""
+        injected = self._now()
+        if injected is not None:
+            return injected
+        row = self._transact(lambda cur: cur.execute(_Q["clock"]).fetchone(), single=True)
+        assert row is not None
+        return self.read.instant(row, "now")
+
+    def notify_ready(self) -> None:
+        """Wake every ``wait_ready`` caller of this store, here and on other hosts."""
+        with self._wake_cond:
+            self._wakes += 1
+            self._wake_cond.notify_all()
+        try:
+            self._transact(lambda cur: self._notify(cur, [""]))
+        except errors.StoreError as exc:
+            # Waiters elsewhere still poll; the local ones are awake already.
+            log.warning("cannot notify through the store %s: %s", self.url, exc)
+
+    # -- claims ---------------------------------------------------------------
+
+    def _claim(
+        self,
+        cur: Cursor,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+        recover_until: datetime | None,
+    ) -> list[port.Claimed]:
+        params: dict[str, Any] = {
+            "app": app,
+            "worker": worker,
+            "workflows": [w for w, _ in workflows],
+            "versions": [v for _, v in workflows],
+            "lease_ttl": ttl,
+            "limit": limit,
+            "recover_until": recover_until,
+        }
+        exclude: list[str] = []
+        while True:
+            try:
+                with cur.connection.transaction():  # a savepoint
+                    return self._claim_once(cur, exclude=exclude, **params)
+            except errors.CorruptState as exc:
+                # Claiming that run again would fail again and starve the others.
+                if exc.run_id is None or exc.run_id in exclude:
+                    raise
+                log.error("claim sets run %s aside: %s", exc.run_id, exc)
+                exclude.append(exc.run_id)
+                self._quarantine(cur, exc.run_id, exc)
+
+    def _claim_once(self, cur: Cursor, **params: Any) -> list[port.Claimed]:
+        claimed = self._exec(cur, "claim", **params).fetchall()
+        if not claimed:
+            return []
+        for row in claimed:
+            # The claim overwrote these columns: judge the values it found.
+            prior = row["prior_generation"]
+            if not isinstance(prior, int) or prior < 0:
+                raise rows.corrupt(row["run_id"], "run_generation", f"generation {prior!r}")
+            worker = row["prior_worker"]
+            if worker is not None and (
+                not isinstance(worker, str) or not port.WORKER_ID.match(worker)
+            ):
+                raise rows.corrupt(row["run_id"], "run_worker_id", f"worker {worker!r}")
+        found = [(self.read.run(row), row["prior_state"] == "running") for row in claimed]
+        return self._claimed(cur, found)
+
+    # -- journal --------------------------------------------------------------
+
+    def _record(
+        self,
+        claim: port.Claim,
+        fence: str,
+        entries: Sequence[port.JournalEntry],
+        marks: Sequence[port.Mark],
+    ) -> None:
+        entries = rows.checked_entries(claim.run_id, entries)
+        marks = ledger.checked_marks(marks)
+        params = {
+            "run_id": claim.run_id,
+            "generation": claim.generation,
+            "worker": claim.worker,
+            "canceling": claim.canceling,
+            "reset": fence == "fence_step",
+            "receipts": len(marks),
+            "entries": len(entries),
+            **rows.arrays(entries, rows.ENTRY_ARRAYS),
+            "mark_kinds": [m.kind for m in marks],
+            "mark_steps": [m.step for m in marks],
+            "mark_digests": [m.digest for m in marks],
+            "mark_notes": [m.note for m in marks],
+        }
+        try:
+            row = self._transact(
+                lambda cur: self._exec(cur, "record_step", **params).fetchone(), single=True
+            )
+        except errors.StoreError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.RaiseException):
+                raise rows.corrupt(
+                    claim.run_id, "journal_position_taken", "a position holds a recorded entry"
+                ) from None
+            raise
+        if row is None:
+            self._transact(lambda cur: self._lost(cur, claim, claim.canceling))
+
+    def transaction_step(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        body: Callable[[Any], port.JournalEntry],
+        marks: Sequence[port.Mark] = (),
+    ) -> port.JournalEntry:
+        """Run ``body(connection)`` in the transaction that records its entry (fenced first).
+
+        The connection is psycopg's, inside the transaction: ``body`` must not
+        commit or roll back.
+        """
+        buffered = list(entries)
+        marks = ledger.checked_marks(marks)
+
+        def work(cur: Cursor) -> port.JournalEntry:
+            row = self._fenced(cur, "fence_step", claim, claim.canceling, receipts=len(marks))
+            try:
+                entry = body(cur.connection)
+            except BaseException as exc:
+                raise _BodyRaised(exc) from exc
+            self._put_journal(
+                cur, claim.run_id, rows.checked_entries(claim.run_id, [*buffered, entry])
+            )
+            self._append_marks(cur, claim, row["ledger_sequence"], marks)
+            return entry
+
+        try:
+            return self._transact(work, retry=False)  # body is the caller's code: run it once
+        except _BodyRaised as raised:
+            raise raised.original from None
+
+    # -- operators ------------------------------------------------------------
+
+    def _sweep_orphans(self, cur: Cursor) -> int:
+        found = self._exec(cur, "sweep_orphans").fetchone()
+        return int(found["n"]) if found else 0

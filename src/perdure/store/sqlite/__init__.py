@@ -1,0 +1,1 @@
+"""The embedded store: one SQLite file shared by the threads and processes of a host."""

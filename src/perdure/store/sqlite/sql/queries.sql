@@ -1,0 +1,537 @@
+-- Named queries of the embedded store, used by perdure/store/sqlite/store.py.
+--
+-- Instants are integer microseconds since the epoch; a list parameter arrives
+-- as a JSON array, and a batch as :batch, one JSON array of rows (read with
+-- json_each, in one pass). A query may hold several statements, run in order. Every write runs inside the caller's
+-- BEGIN IMMEDIATE transaction, so reads made within one see a state no other
+-- writer can change before COMMIT. The names are the PostgreSQL store's,
+-- query for query (see docs/store.md).
+
+-- name: migrate_prepare
+CREATE TABLE IF NOT EXISTS perdure_schema (
+    version INTEGER PRIMARY KEY,
+    applied_at INTEGER NOT NULL
+);
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM perdure_schema;
+
+-- name: record_migration
+INSERT INTO perdure_schema (version, applied_at) VALUES (:version, :now);
+
+-- name: create_run
+-- Conflicts on run_id or on (app, key) store nothing; the caller reads back.
+INSERT INTO runs (
+    run_id, app, workflow, version, state, input, key, parent_id,
+    ledger_sequence, ledger_limit, created_at, updated_at
+)
+VALUES (
+    :run_id, :app, :workflow, :version, 'queued', :input, :key, :parent_id,
+    1, :ledger_limit, :now, :now
+)
+ON CONFLICT DO NOTHING
+RETURNING *;
+
+-- name: create_children
+-- One statement for the whole fan-out; children whose key exists are left as stored.
+-- :batch rows are [run_id, app, workflow, version, input, key].
+INSERT INTO runs (
+    run_id, app, workflow, version, state, input, key, parent_id,
+    ledger_sequence, ledger_limit, created_at, updated_at
+)
+SELECT json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'), 'queued',
+       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), :parent_id, 1, :ledger_limit, :now, :now
+FROM json_each(:batch) AS b
+WHERE true
+ON CONFLICT DO NOTHING
+RETURNING run_id, app;
+
+-- name: runs_by_key
+-- :batch rows are [app, key].
+SELECT r.*
+FROM json_each(:batch) AS b
+JOIN runs AS r ON r.app = json_extract(b.value, '$[0]') AND r.key = json_extract(b.value, '$[1]')
+ORDER BY b.key;
+
+-- name: run_by_id
+SELECT * FROM runs WHERE run_id = :run_id;
+
+-- name: lock_run
+-- The write transaction holds the database lock: a read is a locked read.
+SELECT * FROM runs WHERE run_id = :run_id;
+
+-- name: lock_runs
+SELECT * FROM runs WHERE run_id IN (SELECT value FROM json_each(:run_ids)) ORDER BY run_id;
+
+-- name: list_runs
+SELECT * FROM runs
+WHERE app = :app
+  AND (:state IS NULL OR state = :state)
+  AND (:workflow IS NULL OR workflow = :workflow)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: child_counts
+SELECT state, count(*) AS n FROM runs WHERE parent_id = :run_id GROUP BY state;
+
+-- name: run_tree
+-- The run and every descendant. UNION (not UNION ALL) ends the walk even if
+-- corrupt parent links formed a cycle.
+WITH RECURSIVE tree(run_id) AS (
+    SELECT :run_id
+    UNION
+    SELECT r.run_id FROM runs AS r JOIN tree AS t ON r.parent_id = t.run_id
+)
+SELECT run_id FROM tree;
+
+-- name: journal
+SELECT * FROM journal WHERE run_id = :run_id ORDER BY position;
+
+-- name: journals
+SELECT * FROM journal
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+ORDER BY run_id, position;
+
+-- name: journal_entry
+SELECT * FROM journal WHERE run_id = :run_id AND position = :position;
+
+-- name: history
+-- Every stored receipt: trimming happens on append, and validation on read
+-- must see a ledger that holds more (or less) than it should.
+SELECT * FROM ledger WHERE run_id = :run_id ORDER BY sequence;
+
+-- name: outcomes
+SELECT * FROM outcomes WHERE run_id = :run_id ORDER BY at, name;
+
+-- name: outcomes_of_runs
+SELECT * FROM outcomes
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+ORDER BY run_id, at, name;
+
+-- name: claim
+-- One ordered index range per way a run becomes claimable, each cut at
+-- :limit, so a large backlog costs no sort. Ordered by the instant since
+-- which each run has been claimable.
+WITH wanted(workflow, version) AS (
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+    FROM json_each(:workflows)
+),
+due(run_id, state, due_at, created_at) AS (
+    SELECT * FROM (
+        SELECT run_id, state, created_at, created_at FROM runs
+        WHERE app = :app AND state = 'queued' AND ready_at IS NULL
+          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+        ORDER BY created_at LIMIT :limit
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT run_id, state, ready_at, created_at FROM runs
+        WHERE app = :app AND state = 'queued' AND ready_at <= :now
+          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+        ORDER BY ready_at LIMIT :limit
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT run_id, state, ready_at, created_at FROM runs
+        WHERE app = :app AND state = 'waiting' AND ready_at <= :now
+          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+        ORDER BY ready_at LIMIT :limit
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT run_id, state, lease_expires_at, created_at FROM runs
+        WHERE app = :app AND state = 'running' AND lease_expires_at <= :now
+          -- A lapse counts only while the caller trusts this clock (NULL: never).
+          AND :now <= :recover_until
+          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+        ORDER BY lease_expires_at LIMIT :limit
+    )
+)
+-- Whole rows, so that the claim refuses a corrupt one instead of rewriting it.
+SELECT runs.* FROM due JOIN runs ON runs.run_id = due.run_id
+ORDER BY due.due_at, due.created_at, due.run_id
+LIMIT :limit;
+
+-- name: claim_one
+-- SET expressions read the old row, so a lapsed 'running' lease counts as a
+-- failure here.
+UPDATE runs SET
+    generation = generation + 1,
+    failures = failures + (state = 'running'),
+    state = 'running',
+    worker = :worker,
+    lease_expires_at = :now + CAST(round(:lease_ttl * 1000000) AS INTEGER),
+    lease_ttl = CAST(round(:lease_ttl * 1000000) AS INTEGER),
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id
+RETURNING *;
+
+-- name: quarantine
+-- A claim candidate whose rows cannot be read is set aside, so that it stops
+-- being a candidate and no other run waits behind it. Nothing else is touched.
+UPDATE runs SET
+    state = 'needs_attention',
+    error = :error,
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id
+RETURNING generation, ledger_sequence;
+
+-- name: fence_state
+SELECT generation, state, cancel_requested FROM runs WHERE run_id = :run_id;
+
+-- name: renew
+UPDATE runs SET
+    lease_expires_at = :now + CAST(round(:lease_ttl * 1000000) AS INTEGER),
+    lease_ttl = CAST(round(:lease_ttl * 1000000) AS INTEGER)
+WHERE run_id = :run_id AND generation = :generation AND state = 'running'
+  AND (cancel_requested = 0 OR :canceling)
+RETURNING lease_expires_at;
+
+-- name: fence_touch
+UPDATE runs SET
+    ledger_sequence = ledger_sequence + :receipts,
+    updated_at = :now
+WHERE run_id = :run_id AND generation = :generation AND state = 'running'
+  AND (cancel_requested = 0 OR :canceling)
+RETURNING app, generation, ledger_sequence;
+
+-- name: fence_step
+UPDATE runs SET
+    failures = 0,
+    ledger_sequence = ledger_sequence + :receipts,
+    updated_at = :now
+WHERE run_id = :run_id AND generation = :generation AND state = 'running'
+  AND (cancel_requested = 0 OR :canceling)
+RETURNING app, generation, ledger_sequence;
+
+-- name: release
+UPDATE runs SET
+    state = 'queued',
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = :now + CAST(round(:delay * 1000000) AS INTEGER),
+    failures = failures + :failed,
+    ledger_sequence = ledger_sequence + :receipts,
+    updated_at = :now
+WHERE run_id = :run_id AND generation = :generation AND state = 'running'
+  AND (cancel_requested = 0 OR :canceling)
+RETURNING app, generation, ledger_sequence;
+
+-- name: park_run
+-- Runs after the fence in the same transaction, so no condition is needed.
+UPDATE runs SET
+    state = 'waiting',
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = :ready_at,
+    ledger_sequence = ledger_sequence + 1
+WHERE run_id = :run_id
+RETURNING ledger_sequence;
+
+-- name: finish
+UPDATE runs SET
+    state = :state,
+    result = :result,
+    error = :error,
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + :receipts,
+    updated_at = :now
+WHERE run_id = :run_id AND generation = :generation AND state = 'running'
+  AND (cancel_requested = 0 OR :canceling)
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+
+-- name: journal_put
+-- An existing position is replaced only while it is 'started'; any other is
+-- left alone and missing from RETURNING, and the caller refuses.
+-- :batch rows are [position, kind, name, status, output, error, attempt].
+INSERT INTO journal (
+    run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
+)
+SELECT :run_id, json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'),
+       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), json_extract(b.value, '$[6]'), :now, :now
+FROM json_each(:batch) AS b
+WHERE true
+ON CONFLICT (run_id, position) DO UPDATE SET
+    kind = excluded.kind,
+    name = excluded.name,
+    status = excluded.status,
+    output = excluded.output,
+    error = excluded.error,
+    attempt = excluded.attempt,
+    updated_at = excluded.updated_at
+WHERE journal.status = 'started'
+RETURNING position;
+
+-- name: ledger_append
+-- Receipts arrive numbered (the runs' ledger_sequence was raised by the same
+-- transaction). Each run keeps its newest receipts, as many as its own
+-- ledger_limit, counting the new ones: a transition with more receipts than
+-- that stores only its last ones.
+-- :batch rows are [run_id, sequence, kind, generation, worker, step, digest, note].
+INSERT INTO ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
+SELECT json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), :now, json_extract(b.value, '$[3]'),
+       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), json_extract(b.value, '$[6]'), json_extract(b.value, '$[7]')
+FROM json_each(:batch) AS b
+JOIN runs AS u ON u.run_id = json_extract(b.value, '$[0]')
+WHERE json_extract(b.value, '$[1]') > u.ledger_sequence - u.ledger_limit;
+DELETE FROM ledger WHERE (run_id, sequence) IN (
+    SELECT l.run_id, l.sequence
+    FROM runs AS u
+    JOIN ledger AS l ON l.run_id = u.run_id AND l.sequence <= u.ledger_sequence - u.ledger_limit
+    WHERE u.run_id IN (SELECT json_extract(b.value, '$[0]') FROM json_each(:batch) AS b)
+);
+
+-- name: park_waits
+-- Replaces the run's registrations. A wait registered again keeps its
+-- created_at, so listings stay in order.
+-- :batch rows are [name, kind, deadline, after_sequence].
+DELETE FROM waits
+WHERE run_id = :run_id
+  AND name NOT IN (SELECT json_extract(value, '$[0]') FROM json_each(:batch));
+INSERT INTO waits (run_id, name, app, kind, deadline, after_sequence, created_at)
+SELECT :run_id, json_extract(b.value, '$[0]'), :app, json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'), :now
+FROM json_each(:batch) AS b
+WHERE true
+ON CONFLICT (run_id, name) DO UPDATE SET
+    kind = excluded.kind,
+    deadline = excluded.deadline,
+    after_sequence = excluded.after_sequence;
+
+-- name: park_satisfied
+-- A due instant, any registered wait with an outcome, or a channel wait with
+-- a newer message.
+SELECT coalesce(:ready_at <= :now, 0) OR EXISTS (
+    SELECT 1 FROM waits AS w
+    WHERE w.run_id = :run_id
+      AND (
+        EXISTS (SELECT 1 FROM outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name)
+        OR (w.kind = 'channel' AND EXISTS (
+            SELECT 1 FROM messages AS m
+            WHERE m.run_id = w.run_id AND m.channel = w.name AND m.sequence > w.after_sequence
+        ))
+      )
+) AS satisfied;
+
+-- name: outcome_put
+-- A signal that arrives after its registered wait's deadline settles the wait
+-- as timed out instead, without the payload.
+INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
+SELECT :run_id, :name,
+       CASE WHEN x.expired THEN 'timed_out' ELSE :outcome END,
+       CASE WHEN x.expired THEN NULL ELSE :signal_id END,
+       CASE WHEN x.expired THEN NULL ELSE :payload END,
+       CASE WHEN x.expired THEN NULL ELSE :payload_digest END,
+       :now
+FROM (
+    SELECT :outcome = 'signaled' AND EXISTS (
+        SELECT 1 FROM waits AS w
+        WHERE w.run_id = :run_id AND w.name = :name AND w.deadline <= :now
+    ) AS expired
+) AS x
+WHERE true
+ON CONFLICT (run_id, name) DO NOTHING
+RETURNING *;
+
+-- name: outcome_get
+SELECT * FROM outcomes WHERE run_id = :run_id AND name = :name;
+
+-- name: child_outcomes_put
+-- Only a parent that has not ended can still use its child's outcome.
+-- :batch rows are [parent_id, name, payload].
+INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
+SELECT p.run_id, json_extract(b.value, '$[1]'), 'signaled', NULL, json_extract(b.value, '$[2]'), NULL, :now
+FROM json_each(:batch) AS b
+JOIN runs AS p ON p.run_id = json_extract(b.value, '$[0]')
+WHERE p.state IN ('queued', 'running', 'waiting')
+ON CONFLICT (run_id, name) DO NOTHING;
+
+-- name: wake_parents
+-- A child's end wakes its parent only when the parent is parked on that very
+-- child, so a fan-out does not wake the parent once per child.
+-- :batch rows are [parent_id, name].
+UPDATE runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE state = 'waiting'
+  AND run_id IN (
+      SELECT w.run_id
+      FROM json_each(:batch) AS b
+      JOIN waits AS w ON w.run_id = json_extract(b.value, '$[0]') AND w.name = json_extract(b.value, '$[1]')
+  )
+RETURNING run_id, app, generation, ledger_sequence;
+
+-- name: waits_of_app
+SELECT * FROM waits AS w
+WHERE w.app = :app
+  AND NOT EXISTS (SELECT 1 FROM outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name)
+ORDER BY w.created_at, w.run_id, w.name;
+
+-- name: waits_of_run
+SELECT * FROM waits AS w
+WHERE w.run_id = :run_id AND w.app = :app
+  AND NOT EXISTS (SELECT 1 FROM outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name)
+ORDER BY w.created_at, w.name;
+
+-- name: wake
+UPDATE runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state = 'waiting'
+RETURNING run_id, app, generation, ledger_sequence;
+
+-- name: message_put
+-- The next sequence comes from the run's counter, read under the write lock.
+INSERT INTO messages (run_id, channel, key, sequence, payload, at)
+SELECT run_id, :channel, :key, message_sequence + 1, :payload, :now FROM runs
+WHERE run_id = :run_id
+ON CONFLICT (run_id, channel, key) DO NOTHING
+RETURNING sequence;
+
+-- name: message_counted
+UPDATE runs SET message_sequence = message_sequence + 1 WHERE run_id = :run_id;
+
+-- name: wake_on_channel
+UPDATE runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state = 'waiting'
+  AND EXISTS (
+    SELECT 1 FROM waits
+    WHERE waits.run_id = :run_id AND waits.kind = 'channel' AND waits.name = :channel
+  )
+RETURNING run_id, app, generation, ledger_sequence;
+
+-- name: next_message
+SELECT * FROM messages
+WHERE run_id = :run_id AND channel = :channel AND sequence > :after_sequence
+ORDER BY sequence
+LIMIT 1;
+
+-- name: end_cleanup
+DELETE FROM waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM outcomes WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM messages WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+
+-- name: cancel_open_waits
+-- A cancel reaching a running (or needs_attention) run settles its open waits,
+-- so a later signal is answered with the cancel's receipt instead of one that
+-- is never applied. (Runs canceled at once lose their waits to the end-of-run
+-- rules.)
+INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
+SELECT w.run_id, w.name, 'canceled', NULL, NULL, NULL, :now
+FROM waits AS w JOIN runs AS r ON r.run_id = w.run_id
+WHERE w.run_id IN (SELECT value FROM json_each(:run_ids)) AND w.kind <> 'channel'
+  AND r.state IN ('running', 'needs_attention') AND r.cancel_requested = 0
+ON CONFLICT (run_id, name) DO NOTHING;
+
+-- name: cancel_now
+UPDATE runs SET
+    state = 'canceled',
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('queued', 'waiting')
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+
+-- name: cancel_request
+-- A running run is settled by its owner; one in needs_attention keeps its
+-- state, and the flag turns a later resolve with an output into canceled.
+UPDATE runs SET
+    cancel_requested = 1,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+  AND state IN ('running', 'needs_attention') AND cancel_requested = 0
+RETURNING run_id, generation, ledger_sequence;
+
+-- name: resolve_entry
+UPDATE journal SET
+    kind = :kind,
+    name = :name,
+    status = :status,
+    output = :output,
+    error = :error,
+    attempt = :attempt,
+    updated_at = :now
+WHERE run_id = :run_id AND position = :position AND status = 'started';
+
+-- name: resolve_run
+UPDATE runs SET
+    state = :state,
+    error = :error,
+    failures = 0,
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + :receipts,
+    updated_at = :now
+WHERE run_id = :run_id AND generation = :generation AND state = 'needs_attention'
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+
+-- name: sweep_expired_runs
+-- Runs with a signal or child wait past its deadline and no outcome. A
+-- receive's timeout is its owner's to decide (it compares the journaled
+-- deadline with the messages it finds): channel waits get no outcome, their
+-- runs are woken by sweep_due_runs.
+SELECT r.run_id FROM runs AS r
+WHERE r.state NOT IN ('succeeded', 'failed', 'canceled')
+  AND r.run_id IN (
+      SELECT w.run_id FROM waits AS w
+      WHERE w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
+        AND NOT EXISTS (
+            SELECT 1 FROM outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name
+        )
+  )
+ORDER BY r.run_id;
+
+-- name: sweep_expire_waits
+INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
+SELECT w.run_id, w.name, 'timed_out', NULL, NULL, NULL, :now
+FROM waits AS w
+WHERE w.run_id IN (SELECT value FROM json_each(:run_ids))
+  AND w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
+ON CONFLICT (run_id, name) DO NOTHING
+RETURNING run_id;
+
+-- name: sweep_due_runs
+SELECT run_id FROM runs WHERE state = 'waiting' AND ready_at <= :now ORDER BY run_id;
+
+-- name: sweep_clamp_leases
+-- A lease is never further ahead than its TTL: after the clock stepped back,
+-- a dead worker's run lapses one TTL from now, not when the clock catches up.
+-- Served by runs_running (lease_expires_at) WHERE state = 'running'.
+UPDATE runs SET lease_expires_at = :now + lease_ttl
+WHERE state = 'running' AND lease_expires_at > :now + lease_ttl
+RETURNING run_id;
+
+-- name: sweep_orphans
+-- Records of runs that are gone or have ended. A run that needs attention (or
+-- holds a state this code cannot read) keeps them: nothing is guessed.
+DELETE FROM waits WHERE NOT EXISTS (
+    SELECT 1 FROM runs AS r
+    WHERE r.run_id = waits.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
+);
+DELETE FROM outcomes WHERE NOT EXISTS (
+    SELECT 1 FROM runs AS r
+    WHERE r.run_id = outcomes.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
+);
+DELETE FROM messages WHERE NOT EXISTS (
+    SELECT 1 FROM runs AS r
+    WHERE r.run_id = messages.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
+);

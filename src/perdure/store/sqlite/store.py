@@ -1,0 +1,193 @@
+"""The embedded store: one SQLite file shared by the threads and processes of a host.
+
+Every write runs in a ``BEGIN IMMEDIATE`` transaction, so writers of
+different processes queue on the database lock (up to the busy timeout)
+instead of failing on a lock upgrade, and each sees a state no one else
+changes before it commits. Writers of one process share transactions (group
+commit, see ``_write`` in :mod:`perdure.store.sqlite.connection`). Reads run
+outside transactions: in WAL mode they never block writers.
+
+Most operations are written once, over named queries, in
+:mod:`perdure.store.transitions`; this module holds what SQLite does its own
+way. It is the PostgreSQL store's twin: the same helpers and the same named
+queries (``sqlite/sql/queries.sql``, listed in ``docs/store.md``) in the same
+order, so that a fix in one shows where it belongs in the other.
+``wait_ready`` is woken by every process of this host that writes to the file
+(:mod:`perdure.store.sqlite.wakeup`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from perdure import errors
+from perdure.store import ledger, port, rows, sqlfiles, transitions
+from perdure.store.sqlite import connection
+
+Row = sqlite3.Row
+Cursor = connection.Tx
+
+# RETURNING arrived in 3.35.
+_MIN_SQLITE = (3, 35, 0)
+
+
+class SqliteStore(connection.Connections, transitions.Transitions[Cursor]):
+    """A :class:`port.Store` on one SQLite database file."""
+
+    read = rows.Reader(rows.MICROSECONDS)
+
+    def __init__(
+        self, url: str, *, clock: port.Clock | None = None, ledger_limit: int = 256
+    ) -> None:
+        """Open (creating if missing) the database file named by ``url``.
+
+        Raises:
+            errors.InvalidStoreURL: the URL names no file.
+            errors.StoreUnavailable: the file cannot be created or opened.
+        """
+        if ledger_limit < 1:
+            raise errors.InvalidInput(f"ledger_limit must be at least 1, got {ledger_limit}")
+        if sqlite3.sqlite_version_info < _MIN_SQLITE:
+            raise errors.StoreUnavailable(
+                f"the embedded store needs SQLite 3.35 or later; this Python has "
+                f"{sqlite3.sqlite_version}."
+            )
+        super().__init__(url, clock=clock)
+        self._ledger_limit = ledger_limit
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _exec(self, cur: Cursor, query: str, **params: Any) -> connection.Result:
+        """Execute a named query; ``now`` is always passed."""
+        return cur.execute(query, params)
+
+    def _batch(self, arrays: dict[str, list[Any]]) -> dict[str, Any]:
+        # No arrays in SQLite: matching parallel JSON arrays by index would cost
+        # a scan per row, so the columns travel zipped, one JSON array per row.
+        return {"batch": list(zip(*arrays.values(), strict=True))}
+
+    def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
+        cur.notify = True
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema; safe when several processes race.
+
+        Raises:
+            errors.SchemaTooNew: the stored schema is newer than this code.
+        """
+        migrations = sqlfiles.migrations("sqlite")
+        latest = migrations[-1].version if migrations else 0
+
+        def work(cur: Cursor) -> None:
+            self._exec(cur, "migrate_prepare")
+            row = self._exec(cur, "schema_version").fetchone()
+            current = row["version"] if row else 0
+            if not isinstance(current, int):
+                raise errors.CorruptState(None, "perdure_schema.version", repr(current))
+            if current > latest:
+                raise errors.SchemaTooNew(
+                    f"the SQLite store {self.path} has schema version {current}, but this "
+                    f"perdure knows versions up to {latest}; upgrade perdure to open it"
+                )
+            for migration in migrations[current:]:
+                for statement in connection.statements(migration.sql):
+                    cur.conn.execute(statement)
+                self._exec(cur, "record_migration", version=migration.version)
+
+        self._transact(work)
+
+    def now(self) -> datetime:
+        """Return the store's current time."""
+        return self._now()
+
+    # -- claims ---------------------------------------------------------------
+
+    def _claim(
+        self,
+        cur: Cursor,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+        recover_until: datetime | None,
+    ) -> list[port.Claimed]:
+        wanted = json.dumps([[name, version] for name, version in workflows])
+        claimed: list[port.Claimed] = []
+        params = {"app": app, "workflows": wanted, "limit": limit, "recover_until": recover_until}
+        for candidate in self._exec(cur, "claim", **params):
+            cur.conn.execute("SAVEPOINT claim_once")
+            try:
+                claimed.append(self._claim_once(cur, candidate, worker, ttl))
+            except errors.CorruptState as exc:
+                # Claiming that run again would fail again and starve the others.
+                cur.conn.execute("ROLLBACK TO claim_once")
+                self._quarantine(cur, candidate["run_id"], exc)
+            cur.conn.execute("RELEASE claim_once")
+        return claimed
+
+    def _claim_once(self, cur: Cursor, candidate: Row, worker: str, ttl: float) -> port.Claimed:
+        recovered = self.read.run(candidate).state == "running"
+        params = {"run_id": candidate["run_id"], "worker": worker, "lease_ttl": ttl}
+        row = self._exec(cur, "claim_one", **params).fetchone()
+        assert row is not None  # the candidate was read under the same lock
+        (claimed,) = self._claimed(cur, [(self.read.run(row), recovered)])
+        receipt = port.Mark("recovered" if recovered else "claimed")
+        self._append_marks(cur, claimed.claim, claimed.run.ledger_sequence, [receipt])
+        return claimed
+
+    # -- journal --------------------------------------------------------------
+
+    def _record(
+        self,
+        claim: port.Claim,
+        fence: str,
+        entries: Sequence[port.JournalEntry],
+        marks: Sequence[port.Mark],
+    ) -> None:
+        entries = rows.checked_entries(claim.run_id, entries)
+        marks = ledger.checked_marks(marks)
+
+        def work(cur: Cursor) -> None:
+            row = self._fenced(cur, fence, claim, claim.canceling, receipts=len(marks))
+            self._put_journal(cur, claim.run_id, entries)
+            self._append_marks(cur, claim, row["ledger_sequence"], marks)
+
+        self._transact(work)
+
+    def transaction_step(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        body: Callable[[Any], port.JournalEntry],
+        marks: Sequence[port.Mark] = (),
+    ) -> port.JournalEntry:
+        """Run ``body(connection)`` in the transaction that records its entry (fenced first).
+
+        ``body`` receives the :class:`sqlite3.Connection` inside an open
+        transaction; it must neither commit nor roll back.
+        """
+        buffered = list(entries)
+        marks = ledger.checked_marks(marks)
+
+        def work(cur: Cursor) -> port.JournalEntry:
+            row = self._fenced(cur, "fence_step", claim, claim.canceling, receipts=len(marks))
+            entry = body(cur.conn)
+            self._put_journal(
+                cur, claim.run_id, rows.checked_entries(claim.run_id, [*buffered, entry])
+            )
+            self._append_marks(cur, claim, row["ledger_sequence"], marks)
+            return entry
+
+        return self._transact(work, retry=False)  # body is the caller's code: run it once
+
+    # -- operators ------------------------------------------------------------
+
+    def _sweep_orphans(self, cur: Cursor) -> int:
+        return self._exec(cur, "sweep_orphans").rowcount

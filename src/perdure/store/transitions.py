@@ -1,0 +1,669 @@
+"""The port's transitions written once, over named queries, for every SQL adapter.
+
+:class:`Transitions` builds most operations of :class:`port.Store` from an
+adapter's named queries (``<adapter>/sql/queries.sql``, the same names on
+every adapter, see ``docs/store.md``), one transaction each. An adapter
+supplies what only it knows: how a query runs (``_exec``), how work becomes a
+transaction (``_transact``), how ready runs are announced (``_notify``), how
+its rows hold instants and flags (``read``), and the operations its backend
+does its own way (migrate, create_run, create_children, claim, the journal
+writes of a step, transaction_step, counting swept records).
+
+Rows become records through :mod:`perdure.store.rows`; receipts are numbered
+by :mod:`perdure.store.ledger`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
+
+from perdure import errors
+from perdure.store import ledger, port, rows
+
+C = TypeVar("C")
+T = TypeVar("T")
+Row = rows.Row
+
+
+class Result(Protocol):
+    """What a named query returns: a DB-API cursor, or a list of rows that behaves like one."""
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> Sequence[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+def seconds(value: float, what: str, *, positive: bool = False) -> float:
+    """Return a duration in seconds, refusing a negative one (or zero, if ``positive``).
+
+    Raises:
+        errors.InvalidInput: the duration is out of range.
+    """
+    if value < 0 or (positive and value == 0):
+        raise errors.InvalidInput(
+            f"{what} must be {'above' if positive else 'at least'} 0, got {value}"
+        )
+    return float(value)
+
+
+class Transitions(Generic[C]):
+    """The store operations shared by the SQL adapters; ``C`` is the adapter's cursor."""
+
+    read: rows.Reader
+    _ledger_limit: int
+
+    # -- what the adapter supplies -----------------------------------------------
+
+    def _exec(self, cur: C, query: str, **params: Any) -> Result:
+        """Execute a named query; ``now`` is always passed."""
+        raise NotImplementedError
+
+    def _transact(self, work: Callable[[C], T], *, retry: bool = True, single: bool = False) -> T:
+        """Run ``work`` in one transaction (or, when ``single``, as one statement)."""
+        raise NotImplementedError
+
+    def _notify(self, cur: C, apps: Iterable[str]) -> None:
+        """Announce, once this transaction commits, that runs of ``apps`` became ready."""
+        raise NotImplementedError
+
+    def _claim(
+        self,
+        cur: C,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+        recover_until: datetime | None,
+    ) -> list[port.Claimed]:
+        """Claim up to ``limit`` ready runs in this transaction, setting corrupt ones aside.
+
+        A lapsed run is recovered only if the transaction's instant is at or
+        before ``recover_until`` (None: never), judged inside the claim.
+        """
+        raise NotImplementedError
+
+    def _record(
+        self,
+        claim: port.Claim,
+        fence: str,
+        entries: Sequence[port.JournalEntry],
+        marks: Sequence[port.Mark],
+    ) -> None:
+        """Write a step's entries and receipts behind ``fence`` (a fenced UPDATE query)."""
+        raise NotImplementedError
+
+    def _batch(self, arrays: dict[str, list[Any]]) -> dict[str, Any]:
+        """Return the query parameters of a batch given as parallel lists (``{param: list}``)."""
+        raise NotImplementedError
+
+    def _sweep_orphans(self, cur: C) -> int:
+        """Delete the waits, outcomes and messages of ended or missing runs; return how many."""
+        raise NotImplementedError
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _fenced(self, cur: C, query: str, claim: port.Claim, canceling: bool, **params: Any) -> Row:
+        """Run a fenced UPDATE; raise StaleClaim or Canceled when it matches nothing."""
+        ids = {"run_id": claim.run_id, "generation": claim.generation, "canceling": canceling}
+        row: Row | None = self._exec(cur, query, **ids, **params).fetchone()
+        if row is None:
+            self._lost(cur, claim, canceling)
+        return row
+
+    def _lost(self, cur: C, claim: port.Claim, canceling: bool) -> NoReturn:
+        found = self._exec(cur, "fence_state", run_id=claim.run_id).fetchone()
+        if found is None or found["generation"] != claim.generation or canceling:
+            raise errors.StaleClaim(claim.run_id)
+        if found["cancel_requested"]:
+            raise errors.Canceled(claim.run_id)
+        raise errors.StaleClaim(claim.run_id)
+
+    def _append(self, cur: C, receipts: Sequence[ledger.Receipt]) -> None:
+        """Append numbered receipts; each run keeps as many as its own ``ledger_limit``."""
+        if receipts:
+            batch = self._batch(rows.arrays(receipts, rows.RECEIPT_ARRAYS))
+            self._exec(cur, "ledger_append", **batch)
+
+    def _append_marks(
+        self, cur: C, claim: port.Claim, last: int, marks: Sequence[port.Mark]
+    ) -> None:
+        """Append a claimed run's receipts, the last numbered ``last``."""
+        receipts = ledger.numbered(claim.run_id, last, claim.generation, claim.worker, marks)
+        self._append(cur, receipts)
+
+    def _put_journal(self, cur: C, run_id: str, entries: Sequence[port.JournalEntry]) -> None:
+        """Write entries, replacing a stored entry only while it is ``started``."""
+        if not entries:
+            return
+        batch = self._batch(rows.arrays(entries, rows.ENTRY_ARRAYS))
+        written = self._exec(cur, "journal_put", run_id=run_id, **batch).fetchall()
+        taken = sorted({e.position for e in entries} - {row["position"] for row in written})
+        if taken:
+            raise rows.corrupt(
+                run_id, "journal_position_taken", f"position {taken[0]} holds a recorded entry"
+            )
+
+    def _wake(self, cur: C, run_ids: Sequence[str]) -> list[str]:
+        """Make the waiting ones of ``run_ids`` queued and announce them."""
+        if not run_ids:
+            return []
+        return self._woken(cur, self._exec(cur, "wake", run_ids=list(run_ids)).fetchall())
+
+    def _woken(self, cur: C, woken: Sequence[Row]) -> list[str]:
+        """Append ``woken`` to runs just made queued (rows of a RETURNING) and announce them."""
+        receipts = [
+            ledger.Receipt(r["run_id"], r["ledger_sequence"], "woken", r["generation"], None)
+            for r in woken
+        ]
+        self._append(cur, receipts)
+        if woken:
+            self._notify(cur, (r["app"] for r in woken))
+        return [r["run_id"] for r in woken]
+
+    def _lock_live(self, cur: C, run_id: str) -> port.Run:
+        """Lock the run's row; refuse a missing or ended run."""
+        row = self._exec(cur, "lock_run", run_id=run_id).fetchone()
+        if row is None:
+            raise errors.RunNotFound(run_id)
+        run = self.read.run(row)
+        if run.state in port.TERMINAL_STATES:
+            raise errors.RunFinished(run_id, run.state)
+        return run
+
+    def _end_runs(self, cur: C, ended: Sequence[Row]) -> None:
+        """Apply the end-of-run rules to runs that just ended (rows of a RETURNING)."""
+        if not ended:
+            return
+        self._exec(cur, "end_cleanup", run_ids=[r["run_id"] for r in ended])
+        children = [r for r in ended if r["parent_id"] is not None]
+        if not children:
+            return
+        # Lock the parents before writing their outcomes, as every delivery does.
+        self._exec(cur, "lock_runs", run_ids=sorted({r["parent_id"] for r in children}))
+        pairs = {
+            "parent_ids": [r["parent_id"] for r in children],
+            "names": [f"child:{r['run_id']}" for r in children],
+        }
+        payloads = [
+            rows.child_payload(r["run_id"], r["state"], r["result"], r["error"]) for r in children
+        ]
+        outcomes = self._batch({**pairs, "payloads": payloads})
+        self._exec(cur, "child_outcomes_put", **outcomes)
+        self._woken(cur, self._exec(cur, "wake_parents", **self._batch(pairs)).fetchall())
+
+    # -- runs -----------------------------------------------------------------------
+
+    def create_run(
+        self, new: port.NewRun, journal: Sequence[port.JournalEntry] = ()
+    ) -> tuple[port.Run, bool]:
+        """Create a queued run, or return the one stored under ``(app, key)``.
+
+        A fork's copied ``journal`` is written with the run, only when created.
+        """
+        entries = rows.checked_entries(new.run_id, journal)
+
+        def work(cur: C) -> tuple[port.Run, bool]:
+            row = self._exec(
+                cur, "create_run", ledger_limit=self._ledger_limit, **vars(new)
+            ).fetchone()
+            if row is not None:
+                self._append(cur, [ledger.Receipt(new.run_id, 1, "initialized", 0, None)])
+                self._put_journal(cur, new.run_id, entries)
+                self._notify(cur, [new.app])
+                return self.read.run(row), True
+            found = None
+            if new.key is not None:
+                keys = self._batch(rows.arrays([new], rows.KEY_ARRAYS))
+                found = self._exec(cur, "runs_by_key", **keys).fetchone()
+            if found is None:
+                raise errors.InvalidInput(f"run id {new.run_id!r} is already taken")
+            return self.read.run(found), False
+
+        return self._transact(work)
+
+    def create_children(self, claim: port.Claim, children: Sequence[port.NewRun]) -> list[port.Run]:
+        """Create the claimed run's children in one statement (fenced)."""
+        rows.check_children(claim.run_id, children)
+        batch = self._batch(rows.arrays(children, rows.CHILD_ARRAYS))
+        keys = self._batch(rows.arrays(children, rows.KEY_ARRAYS))
+
+        def work(cur: C) -> list[port.Run]:
+            self._fenced(cur, "fence_touch", claim, claim.canceling, receipts=0)
+            if not children:
+                return []
+            created = self._exec(
+                cur,
+                "create_children",
+                parent_id=claim.run_id,
+                ledger_limit=self._ledger_limit,
+                **batch,
+            )
+            made = created.fetchall()
+            self._append(
+                cur, [ledger.Receipt(r["run_id"], 1, "initialized", 0, None) for r in made]
+            )
+            apps = [r["app"] for r in made]
+            if apps:
+                self._notify(cur, apps)
+            found = self._exec(cur, "runs_by_key", **keys)
+            children_rows = found.fetchall()
+            if len(children_rows) != len(children):
+                raise errors.StoreError(
+                    f"run {claim.run_id}: a child was neither created nor found"
+                )
+            return [self.read.run(r) for r in children_rows]
+
+        return self._transact(work)
+
+    def get_run(self, run_id: str) -> port.Run | None:
+        """Return the run, or None."""
+        row = self._transact(
+            lambda cur: self._exec(cur, "run_by_id", run_id=run_id).fetchone(), single=True
+        )
+        return None if row is None else self.read.run(row)
+
+    def list_runs(
+        self, app: str, *, state: str | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[port.Run]:
+        """Return the app's runs, newest first."""
+        params = {"app": app, "state": state, "workflow": workflow, "limit": max(0, limit)}
+        found = self._transact(
+            lambda cur: self._exec(cur, "list_runs", **params).fetchall(), single=True
+        )
+        return [self.read.run(r) for r in found]
+
+    def child_counts(self, run_id: str) -> dict[str, int]:
+        """Return how many children of the run are in each state."""
+        found = self._transact(
+            lambda cur: self._exec(cur, "child_counts", run_id=run_id).fetchall(), single=True
+        )
+        for row in found:
+            if row["state"] not in port.RUN_STATES:
+                raise rows.corrupt(None, "run_state", f"a child of {run_id} is {row['state']!r}")
+        return {row["state"]: int(row["n"]) for row in found}
+
+    def journal(self, run_id: str) -> list[port.JournalEntry]:
+        """Return the run's journal ordered by position."""
+        found = self._transact(
+            lambda cur: self._exec(cur, "journal", run_id=run_id).fetchall(), single=True
+        )
+        return [self.read.entry(r) for r in found]
+
+    def history(self, run_id: str) -> list[port.LedgerEntry]:
+        """Return the run's retained ledger, oldest first.
+
+        Gaps and counts are judged by the engine's validation, which names them.
+        """
+        found = self._transact(
+            lambda cur: self._exec(cur, "history", run_id=run_id).fetchall(), single=True
+        )
+        return [self.read.receipt(row) for row in found]
+
+    # -- claims ---------------------------------------------------------------------
+
+    def claim(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        *,
+        lease_ttl: float,
+        limit: int = 1,
+        recover_until: datetime | None = port.RECOVER_ANY,
+    ) -> list[port.Claimed]:
+        """Claim up to ``limit`` ready runs; a run whose rows fail validation is set aside.
+
+        Lapsed runs are recovered only if the transaction's instant is at or
+        before ``recover_until`` (None: never).
+        """
+        ttl = seconds(lease_ttl, "lease_ttl", positive=True)
+        if recover_until is not None and recover_until.tzinfo is None:
+            raise errors.InvalidInput("recover_until must be an aware datetime")
+        if limit < 1 or not workflows:
+            return []
+        return self._transact(
+            lambda cur: self._claim(cur, app, worker, workflows, ttl, limit, recover_until)
+        )
+
+    def _quarantine(self, cur: C, run_id: str, exc: errors.CorruptState) -> None:
+        """Make an unreadable run needs_attention (and say so in its ledger)."""
+        error = {"code": exc.code, "message": str(exc), "invariant": exc.invariant}
+        row = self._exec(cur, "quarantine", run_id=run_id, error=json.dumps(error)).fetchone()
+        # A sequence that was already broken gets no receipt: numbering one
+        # from it would only add another broken row.
+        if row is None or not isinstance(row["ledger_sequence"], int) or row["ledger_sequence"] < 1:
+            return
+        generation = row["generation"] if isinstance(row["generation"], int) else 0
+        note = f"set aside: {exc.invariant}"
+        receipt = ledger.Receipt(
+            run_id, row["ledger_sequence"], "finished", max(0, generation), None, note=note
+        )
+        self._append(cur, [receipt])
+
+    def _claimed(self, cur: C, found: Sequence[tuple[port.Run, bool]]) -> list[port.Claimed]:
+        """Return the claims of runs just claimed, each ``(run, recovered)``, with their records."""
+        run_ids = [run.run_id for run, _ in found]
+        journals: dict[str, list[port.JournalEntry]] = {}
+        for row in self._exec(cur, "journals", run_ids=run_ids).fetchall():
+            journals.setdefault(row["run_id"], []).append(self.read.entry(row))
+        outcomes: dict[str, list[port.Outcome]] = {}
+        for row in self._exec(cur, "outcomes_of_runs", run_ids=run_ids).fetchall():
+            outcomes.setdefault(row["run_id"], []).append(self.read.outcome(row))
+        result = []
+        for run, recovered in found:
+            assert run.worker is not None and run.lease_expires_at is not None
+            claim = port.Claim(run.run_id, run.worker, run.generation, run.lease_expires_at)
+            journal, settled = journals.get(run.run_id, []), outcomes.get(run.run_id, [])
+            result.append(port.Claimed(claim, run, journal, settled, recovered))
+        return result
+
+    def renew(self, claim: port.Claim, *, lease_ttl: float) -> port.Claim:
+        """Extend the lease to now + ``lease_ttl`` (fenced)."""
+        ttl = seconds(lease_ttl, "lease_ttl", positive=True)
+
+        def work(cur: C) -> port.Claim:
+            row = self._fenced(cur, "renew", claim, claim.canceling, lease_ttl=ttl)
+            expires = self.read.instant(row, "lease_expires_at")
+            return replace(claim, lease_expires_at=expires)
+
+        return self._transact(work)
+
+    def release(
+        self, claim: port.Claim, *, delay: float, failed: bool, marks: Sequence[port.Mark] = ()
+    ) -> None:
+        """Give the run back as queued, claimable after ``delay`` seconds (fenced)."""
+        receipts = [*ledger.checked_marks(marks), port.Mark("released")]
+        params = {"delay": seconds(delay, "delay"), "failed": failed, "receipts": len(receipts)}
+
+        def work(cur: C) -> None:
+            row = self._fenced(cur, "release", claim, claim.canceling, **params)
+            self._append_marks(cur, claim, row["ledger_sequence"], receipts)
+            self._notify(cur, [row["app"]])
+
+        self._transact(work)
+
+    # -- journal --------------------------------------------------------------------
+
+    def begin_effect(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        marks: Sequence[port.Mark] = (),
+    ) -> None:
+        """Record that a ``once`` effect starts, with any buffered entries before it (fenced)."""
+        self._record(claim, "fence_touch", entries, marks)
+
+    def finish_step(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        marks: Sequence[port.Mark] = (),
+    ) -> None:
+        """Record step outcomes (fenced); resets ``failures`` to 0."""
+        self._record(claim, "fence_step", entries, marks)
+
+    def park(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        waits: Sequence[port.WaitSpec],
+        *,
+        wake_at: datetime | None,
+        marks: Sequence[port.Mark] = (),
+    ) -> bool:
+        """Write entries, register waits and make the run waiting unless a wait is already met.
+
+        The waits are registered (replacing the run's earlier registrations)
+        whether or not the run parks, so a signal that arrives after a
+        registered deadline is still turned into ``timed_out``.
+        """
+        entries = rows.checked_entries(claim.run_id, entries)
+        marks = ledger.checked_marks(marks)
+        rows.check_wait_kinds(waits, claim.run_id)
+        batch = self._batch(rows.arrays(waits, rows.WAIT_ARRAYS))
+        ready_at = rows.ready_at(waits, wake_at)
+
+        def work(cur: C) -> bool:
+            row = self._fenced(cur, "fence_touch", claim, claim.canceling, receipts=len(marks))
+            self._put_journal(cur, claim.run_id, entries)
+            self._exec(cur, "park_waits", run_id=claim.run_id, app=row["app"], **batch)
+            met = self._exec(cur, "park_satisfied", run_id=claim.run_id, ready_at=ready_at)
+            satisfied = met.fetchone()
+            assert satisfied is not None  # SELECT EXISTS returns one row
+            if satisfied["satisfied"]:
+                self._append_marks(cur, claim, row["ledger_sequence"], marks)
+                return False
+            parked = self._exec(cur, "park_run", run_id=claim.run_id, ready_at=ready_at).fetchone()
+            assert parked is not None
+            receipts = [*marks, port.Mark("parked")]
+            self._append_marks(cur, claim, parked["ledger_sequence"], receipts)
+            return True
+
+        return self._transact(work)
+
+    def finish(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        *,
+        state: port.RunState,
+        result: str | None = None,
+        error: str | None = None,
+        marks: Sequence[port.Mark] = (),
+    ) -> None:
+        """End the run in a terminal ``state`` (fenced); all but needs_attention end it for good."""
+        if state not in port.TERMINAL_STATES:
+            raise errors.InvalidInput(f"finish needs a terminal state, got {state!r}")
+        entries = rows.checked_entries(claim.run_id, entries)
+        ending = port.Mark("canceled" if state == "canceled" else "finished")
+        receipts = [*ledger.checked_marks(marks), ending]
+        # The owner may always settle a canceled run, acknowledged or not.
+        canceling = claim.canceling or state in ("canceled", "needs_attention")
+        params = {"state": state, "result": result, "error": error, "receipts": len(receipts)}
+
+        def work(cur: C) -> None:
+            row = self._fenced(cur, "finish", claim, canceling, **params)
+            self._put_journal(cur, claim.run_id, entries)
+            self._append_marks(cur, claim, row["ledger_sequence"], receipts)
+            if state != "needs_attention":
+                # A run that needs attention keeps its records until resolve ends it.
+                self._end_runs(cur, [row])
+
+        self._transact(work)
+
+    # -- waits, outcomes, channels --------------------------------------------------
+
+    def settle_wait(
+        self, run_id: str, name: str, outcome: port.Outcome
+    ) -> tuple[port.Outcome, bool]:
+        """Create the wait's outcome record if none exists, and wake the run if it waits."""
+        rows.check_outcome_kind(outcome.outcome)
+        params = {
+            "run_id": run_id,
+            "name": name,
+            "outcome": outcome.outcome,
+            "signal_id": outcome.signal_id,
+            "payload": outcome.payload,
+            "payload_digest": outcome.payload_digest,
+        }
+
+        def work(cur: C) -> tuple[port.Outcome, bool]:
+            run = self._lock_live(cur, run_id)  # orders this delivery with a concurrent park
+            created = self._exec(cur, "outcome_put", **params).fetchone()
+            if created is None:
+                stored = self._exec(cur, "outcome_get", run_id=run_id, name=name).fetchone()
+                if stored is None:
+                    raise rows.corrupt(run_id, "outcome_missing", f"wait {name!r}")
+                return self.read.outcome(stored), False
+            if run.state == "waiting":
+                self._wake(cur, [run_id])
+            return self.read.outcome(created), True
+
+        return self._transact(work)
+
+    def outcomes(self, run_id: str) -> list[port.Outcome]:
+        """Return every outcome record of the run."""
+        found = self._transact(
+            lambda cur: self._exec(cur, "outcomes", run_id=run_id).fetchall(), single=True
+        )
+        return [self.read.outcome(r) for r in found]
+
+    def waits(self, app: str, run_id: str | None = None) -> list[port.WaitRecord]:
+        """Return the registered waits that have no outcome, oldest first."""
+        query = "waits_of_app" if run_id is None else "waits_of_run"
+        found = self._transact(
+            lambda cur: self._exec(cur, query, app=app, run_id=run_id).fetchall(), single=True
+        )
+        return [self.read.wait(r) for r in found]
+
+    def wake(self, run_id: str) -> bool:
+        """Make a waiting run queued; False if it was not waiting."""
+        return bool(self._transact(lambda cur: self._wake(cur, [run_id])))
+
+    def send(self, message: port.NewMessage) -> bool:
+        """Store a channel message unless its key exists; wake the run if it waits on it."""
+        params = vars(message)
+
+        def work(cur: C) -> bool:
+            run = self._lock_live(cur, message.run_id)
+            if self._exec(cur, "message_put", **params).fetchone() is None:
+                return False
+            self._exec(cur, "message_counted", run_id=message.run_id)
+            if run.state == "waiting":
+                self._woken(cur, self._exec(cur, "wake_on_channel", **params).fetchall())
+            return True
+
+        return self._transact(work)
+
+    def next_message(self, run_id: str, channel: str, after_sequence: int) -> port.Message | None:
+        """Return the run's first message on ``channel`` after ``after_sequence``."""
+        params = {"run_id": run_id, "channel": channel, "after_sequence": after_sequence}
+        row = self._transact(
+            lambda cur: self._exec(cur, "next_message", **params).fetchone(), single=True
+        )
+        return None if row is None else self.read.message(row)
+
+    # -- operators ------------------------------------------------------------------
+
+    def request_cancel(self, run_id: str) -> bool:
+        """Cancel the run and every descendant, in one transaction.
+
+        Runs in needs_attention are flagged like running ones (their open
+        waits settled as canceled) and keep their state: a later ``resolve``
+        with an output ends them canceled. The walk goes through runs of any
+        state to their descendants. Runs canceled at once lose their waits
+        and outcomes to the end-of-run rules in this same transaction, so no
+        ``canceled`` outcome is written for their open waits: it could never
+        be read.
+        """
+
+        def work(cur: C) -> bool:
+            if self._exec(cur, "lock_run", run_id=run_id).fetchone() is None:
+                raise errors.RunNotFound(run_id)
+            seen: set[str] = set()
+            ended: list[Row] = []
+            receipts: list[ledger.Receipt] = []
+            # A child committed while this walk waited on a lock is found by
+            # the next walk; runs already marked here cannot create more.
+            while fresh := sorted(
+                {r["run_id"] for r in self._exec(cur, "run_tree", run_id=run_id)} - seen
+            ):
+                seen.update(fresh)
+                for row in self._exec(cur, "lock_runs", run_ids=fresh).fetchall():
+                    self.read.run(row)  # refuse to cancel through a corrupt run
+                self._exec(cur, "cancel_open_waits", run_ids=fresh)
+                canceled = self._exec(cur, "cancel_now", run_ids=fresh).fetchall()
+                requested = self._exec(cur, "cancel_request", run_ids=fresh).fetchall()
+                ended += canceled
+                receipts += [
+                    ledger.Receipt(r["run_id"], r["ledger_sequence"], kind, r["generation"], None)
+                    for kind, found in (("canceled", canceled), ("cancel_requested", requested))
+                    for r in found
+                ]
+            self._append(cur, receipts)
+            # Every cancel is stored before any parent outcome, so a parent
+            # canceled in this call receives none.
+            self._end_runs(cur, ended)
+            return bool(receipts)
+
+        return self._transact(work)
+
+    def resolve(
+        self,
+        run_id: str,
+        generation: int,
+        entry: port.JournalEntry,
+        *,
+        state: Literal["queued", "failed"],
+        error: str | None,
+        note: str,
+    ) -> None:
+        """Settle the ``started`` entry of a needs_attention run, then re-queue or fail it.
+
+        A run whose cancel was requested ends ``canceled`` instead of being re-queued.
+        """
+        if state not in ("queued", "failed"):
+            raise errors.InvalidInput(f"resolve re-queues or fails a run, not {state!r}")
+        (entry,) = rows.checked_entries(run_id, [entry])
+
+        def work(cur: C) -> None:
+            row = self._exec(cur, "lock_run", run_id=run_id).fetchone()
+            if row is None:
+                raise errors.RunNotFound(run_id)
+            run = self.read.run(row)
+            rows.check_resolvable(run, generation)
+            at = {"run_id": run_id, "position": entry.position}
+            stored = self._exec(cur, "journal_entry", **at).fetchone()
+            rows.check_resolvable_entry(
+                run_id, entry, None if stored is None else self.read.entry(stored)
+            )
+            self._exec(cur, "resolve_entry", **{**vars(entry), **at})
+            # A cancel that reached the run while it needed attention ends it
+            # here instead of letting it run on.
+            final = "canceled" if run.cancel_requested and state == "queued" else state
+            marks = [port.Mark("resolved", step=entry.name, note=note)]
+            if final == "canceled":
+                marks.append(port.Mark("canceled"))
+            params = {
+                "run_id": run_id,
+                "generation": generation,
+                "state": final,
+                "error": error if final == "failed" else None,
+                "receipts": len(marks),
+            }
+            resolved = self._exec(cur, "resolve_run", **params).fetchone()
+            assert resolved is not None
+            last = resolved["ledger_sequence"]
+            self._append(cur, ledger.numbered(run_id, last, generation, None, marks))
+            if final == "queued":
+                self._notify(cur, [resolved["app"]])
+            else:
+                self._end_runs(cur, [resolved])
+
+        self._transact(work)
+
+    def sweep(self) -> int:
+        """Time out expired waits, wake due runs and delete records of ended runs.
+
+        Also pulls leases further ahead than their TTL back to now + TTL.
+        """
+
+        def work(cur: C) -> int:
+            clamped = len(self._exec(cur, "sweep_clamp_leases").fetchall())
+            expired = [r["run_id"] for r in self._exec(cur, "sweep_expired_runs")]
+            timed_out: Sequence[Row] = []
+            if expired:
+                timed_out = self._exec(cur, "sweep_expire_waits", run_ids=expired).fetchall()
+            woken = self._wake(cur, sorted({r["run_id"] for r in timed_out}))
+            woken += self._wake(cur, [r["run_id"] for r in self._exec(cur, "sweep_due_runs")])
+            orphans = self._sweep_orphans(cur)
+            return clamped + len(timed_out) + len(woken) + orphans
+
+        return self._transact(work)
