@@ -15,6 +15,7 @@ by :mod:`perdure.store.ledger`.
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -52,7 +53,7 @@ def seconds(value: float, what: str, *, positive: bool = False) -> float:
     return float(value)
 
 
-class Transitions(Generic[C]):
+class Transitions(abc.ABC, Generic[C]):
     """The store operations shared by the SQL adapters; ``C`` is the adapter's cursor."""
 
     read: rows.Reader
@@ -60,18 +61,19 @@ class Transitions(Generic[C]):
 
     # -- what the adapter supplies -----------------------------------------------
 
+    @abc.abstractmethod
     def _exec(self, cur: C, query: str, **params: Any) -> Result:
         """Execute a named query; ``now`` is always passed."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _transact(self, work: Callable[[C], T], *, retry: bool = True, single: bool = False) -> T:
         """Run ``work`` in one transaction (or, when ``single``, as one statement)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _notify(self, cur: C, apps: Iterable[str]) -> None:
         """Announce, once this transaction commits, that runs of ``apps`` became ready."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _claim(
         self,
         cur: C,
@@ -87,8 +89,8 @@ class Transitions(Generic[C]):
         A lapsed run is recovered only if the transaction's instant is at or
         before ``recover_until`` (None: never), judged inside the claim.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _record(
         self,
         claim: port.Claim,
@@ -97,15 +99,14 @@ class Transitions(Generic[C]):
         marks: Sequence[port.Mark],
     ) -> None:
         """Write a step's entries and receipts behind ``fence`` (a fenced UPDATE query)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _batch(self, arrays: dict[str, list[Any]]) -> dict[str, Any]:
         """Return the query parameters of a batch given as parallel lists (``{param: list}``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _sweep_orphans(self, cur: C) -> int:
         """Delete the waits, outcomes and messages of ended or missing runs; return how many."""
-        raise NotImplementedError
 
     # -- plumbing -------------------------------------------------------------------
 
