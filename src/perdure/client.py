@@ -253,26 +253,38 @@ class Client:
             )
         run = self._run(run_id)
         if run.state in port.TERMINAL_STATES:
-            applied = self._applied_receipt(run, name)
-            if applied is None:
-                raise errors.RunFinished(run_id, run.state)
-            if applied.outcome == "signaled" and signal_id and applied.signal_id == signal_id:
-                return applied  # a sender's retry after the run ended
-            raise errors.WaitSettled(
-                f"wait {applied.wait_id} was already {applied.outcome}", applied
-            )
-        signal_id = signal_id or uuid.uuid4().hex
+            return self._ended_answer(run, name, signal_id)
+        sent_id = signal_id or uuid.uuid4().hex
         text = codec.encode(payload)
         offered = port.Outcome(
-            run_id, name, "signaled", signal_id, text, codec.digest(text), self.store.now()
+            run_id, name, "signaled", sent_id, text, codec.digest(text), self.store.now()
         )
-        stored, created = self.store.settle_wait(run_id, name, offered)
+        try:
+            stored, created = self.store.settle_wait(run_id, name, offered)
+        except errors.RunFinished:
+            # The run ended after it was read: its journal answers, as above.
+            return self._ended_answer(self._run(run_id), name, signal_id)
+        signal_id = sent_id
         found = receipt(stored)
         if stored.outcome == "signaled" and stored.signal_id == signal_id:
             return found
         if stored.outcome == "timed_out" and created:
             raise errors.WaitExpired(f"wait {found.wait_id} expired before this signal", found)
         raise errors.WaitSettled(f"wait {found.wait_id} was already {stored.outcome}", found)
+
+    def _ended_answer(self, run: port.Run, name: str, signal_id: str | None) -> records.Receipt:
+        """Answer a signal to an ended run from its journal: a sender's retry gets its receipt.
+
+        Raises:
+            errors.WaitSettled: the wait was settled otherwise (carries the receipt).
+            errors.RunFinished: the run ended without settling that wait.
+        """
+        applied = self._applied_receipt(run, name)
+        if applied is None:
+            raise errors.RunFinished(run.run_id, run.state)
+        if applied.outcome == "signaled" and signal_id and applied.signal_id == signal_id:
+            return applied
+        raise errors.WaitSettled(f"wait {applied.wait_id} was already {applied.outcome}", applied)
 
     def _applied_receipt(self, run: port.Run, name: str) -> records.Receipt | None:
         """Rebuild a wait's receipt from the journal of an ended run (its records are gone)."""
