@@ -36,6 +36,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.replay",
             "perdure.plans",
             "perdure.clockwatch",
+            "perdure.signals",
         }
     },
     {"steps": {"perdure.steps"}, "client": {"perdure.client"}},
