@@ -134,9 +134,7 @@ class App:
     @overload
     def workflow(self, name: str | None = None, *, version: str = "1") -> registry.Register: ...
 
-    def workflow(
-        self, name: str | Callable[..., Any] | None = None, *, version: str = "1"
-    ) -> Any:
+    def workflow(self, name: str | Callable[..., Any] | None = None, *, version: str = "1") -> Any:
         """Register a workflow function; its first parameter receives the Context.
 
         Use it as ``@app.workflow``, ``@app.workflow()`` or
@@ -206,9 +204,8 @@ class App:
         """
 
         def declare(target: F) -> F:
-            opts = effects.StepOptions(
-                name or target.__name__, effect, retry or effects.DEFAULT_RETRY
-            )
+            step_name = codec.check_text("a step name", name or target.__name__, limit=200)
+            opts = effects.StepOptions(step_name, effect, retry or effects.DEFAULT_RETRY)
             return _wrap(target, opts, transactional=False)
 
         return declare(fn) if fn is not None else declare
@@ -235,9 +232,8 @@ class App:
             raise errors.InvalidInput(f"a transaction step name must be a string, got {name!r}")
 
         def declare(target: Callable[Concatenate[Any, P], R]) -> Callable[P, R]:
-            opts = effects.StepOptions(
-                name or target.__name__, "pure", effects.NO_RETRY, transactional=True
-            )
+            step_name = codec.check_text("a step name", name or target.__name__, limit=200)
+            opts = effects.StepOptions(step_name, "pure", effects.NO_RETRY, transactional=True)
             # Callers leave out the connection; the engine passes it in.
             return cast(Callable[P, R], _wrap(target, opts, transactional=True))
 

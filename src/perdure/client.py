@@ -141,9 +141,9 @@ class Client:
             errors.KeyConflict: ``key`` names a run of another workflow or with
                 other inputs.
         """
-        if key is not None and (not key or len(key) > 512):
-            raise errors.InvalidInput("a run key must be 1 to 512 characters")
-        text = codec.encode({"args": list(args), "kwargs": kwargs or {}})
+        if key is not None:
+            codec.check_text("a run key", key)
+        text = codec.encode({"args": list(args), "kwargs": kwargs or {}}, envelope=2)
         new = port.NewRun(
             run_id=uuid.uuid4().hex,
             app=self.app,
@@ -161,6 +161,7 @@ class Client:
         return RunHandle[Any](self, run_id, hint)
 
     def _run(self, run_id: str) -> port.Run:
+        codec.check_text("a run id", run_id)
         run = self.store.get_run(run_id)
         if run is None or run.app != self.app:
             raise errors.RunNotFound(run_id)
@@ -251,8 +252,8 @@ class Client:
 
     def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
         """Store a channel message; False when ``key`` was already sent (first payload wins)."""
-        if not channel or not key:
-            raise errors.InvalidInput("channel and key must be non-empty")
+        codec.check_text("a channel name", channel)
+        codec.check_text("a message key", key)
         run = self._run(run_id)
         if run.state in port.TERMINAL_STATES:
             raise errors.RunFinished(run_id, run.state)

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import re
 import types
 import typing
 import uuid
@@ -40,16 +41,94 @@ def _default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
-def encode(value: Any) -> str:
-    """Return ``value`` as compact JSON text.
+MAX_DEPTH = 256
+"""How deeply a payload may nest arrays and objects.
+
+Python's JSON encoder and decoder recurse once per level, so without a bound
+a value could encode in one process and fail to decode in another whose
+stack is deeper (a worker's). Well below the interpreter's recursion limit,
+this bound makes every value that encodes decode everywhere.
+"""
+
+ENVELOPE = 4
+"""How many levels perdure's own records may add around a payload.
+
+A payload at the bound is accepted; the records that carry it (a run's
+inputs, a signal in the journal) encode with ``envelope`` levels more, and
+every reader accepts ``MAX_DEPTH + ENVELOPE``.
+"""
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def _depth(text: str) -> int:
+    """Return how deeply JSON ``text`` nests (0 for a scalar)."""
+    depth = deepest = 0
+    for bracket in _BRACKETS.finditer(_STRINGS.sub("", text)):
+        if bracket.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def check_depth(text: str, limit: int = MAX_DEPTH) -> None:
+    """Refuse JSON ``text`` that nests deeper than ``limit``.
 
     Raises:
-        errors.InvalidPayload: the value is not JSON-encodable.
+        errors.InvalidPayload: it nests too deeply.
+    """
+    # Counting is cheap; only a text with that many brackets can be too deep.
+    if text.count("[") + text.count("{") > limit and _depth(text) > limit:
+        raise errors.InvalidPayload(f"the value nests more than {MAX_DEPTH} arrays or objects deep")
+
+
+def check_text(what: str, value: Any, *, limit: int = 512) -> str:
+    """Return ``value`` if both stores can hold it as a name or key, else refuse it.
+
+    Both stores must agree: PostgreSQL refuses NUL characters in text and
+    neither store can hold a string that is not valid Unicode (a lone
+    surrogate), so such names are refused here, before anything is stored.
+
+    Raises:
+        errors.InvalidInput: not a string, empty, longer than ``limit``, with a
+            NUL character, or not encodable as UTF-8.
+    """
+    if not isinstance(value, str):
+        raise errors.InvalidInput(f"{what} must be a string, got {type(value).__name__}")
+    if not value or len(value) > limit:
+        raise errors.InvalidInput(f"{what} must be 1 to {limit} characters, got {len(value)}")
+    if "\x00" in value:
+        raise errors.InvalidInput(f"{what} {value!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise errors.InvalidInput(f"{what} {value!r} is not valid Unicode") from None
+    return value
+
+
+def encode(value: Any, *, envelope: int = 0) -> str:
+    """Return ``value`` as compact JSON text.
+
+    ``envelope`` is how many levels the caller's own record adds around the
+    payloads it carries (at most :data:`ENVELOPE`).
+
+    Raises:
+        errors.InvalidPayload: the value is not JSON-encodable, or nests deeper
+            than :data:`MAX_DEPTH`.
     """
     try:
-        return json.dumps(value, default=_default, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(value, default=_default, separators=(",", ":"), allow_nan=False)
+    except RecursionError:
+        raise errors.InvalidPayload(
+            f"the value nests more than {MAX_DEPTH} arrays or objects deep"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise errors.InvalidPayload(f"cannot encode {type(value).__name__} as JSON: {exc}") from exc
+    check_depth(text, MAX_DEPTH + min(envelope, ENVELOPE))
+    return text
 
 
 def _refuse_constant(name: str) -> Any:
@@ -60,10 +139,17 @@ def decode(text: str) -> Any:
     """Parse JSON text.
 
     Raises:
-        errors.InvalidPayload: the text is not JSON.
+        errors.InvalidPayload: the text is not JSON, or nests deeper than
+            :data:`MAX_DEPTH`.
     """
+    if isinstance(text, str):
+        check_depth(text, MAX_DEPTH + ENVELOPE)
     try:
         return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise errors.InvalidPayload(
+            f"the value nests more than {MAX_DEPTH} arrays or objects deep"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise errors.InvalidPayload(f"not valid JSON: {exc}") from exc
 

@@ -251,8 +251,7 @@ class Context:
         Raises:
             errors.WaitTimedOut: no message arrived before the timeout.
         """
-        if not channel:
-            raise errors.InvalidInput("a channel name cannot be empty")
+        codec.check_text("a channel name", channel)
         after = self._consumed.get(channel, 0)
         done, deadline = self._open("receive", channel, timeout)
         if done is None:
@@ -285,13 +284,15 @@ class Context:
         self, workflow: Any, *args: Any, key: str | None = None, **kwargs: Any
     ) -> ChildHandle:
         """Start a child run once (per journal position, or per ``key``) and return its handle."""
+        if key is not None:
+            codec.check_text("a child key", key)
         name, version, hint = self._runtime.workflow_ref(workflow)
         entry = self._next(replay.Call("child", name))
         if entry is not None:
             return ChildHandle(self._child_id(entry), self, hint)
         # A caller's key is scoped to this parent, so two parents never share a child.
         child_key = f"{self.run_id}/{key or self._cursor.position}"
-        text = codec.encode({"args": list(args), "kwargs": kwargs})
+        text = codec.encode({"args": list(args), "kwargs": kwargs}, envelope=2)
         [run_id] = self._runtime.create_children([NewChild(name, version, text, child_key)])
         self._record("child", name, journal.ChildStarted(run_id).encode())
         return ChildHandle(run_id, self, hint)
@@ -312,7 +313,7 @@ class Context:
                 run_ids.append(self._child_id(entry))
                 continue
             position = self._cursor.position
-            text = codec.encode({"args": [item], "kwargs": {}})
+            text = codec.encode({"args": [item], "kwargs": {}}, envelope=2)
             child = NewChild(name, version, text, f"{self.run_id}/{position}")
             fresh.append((len(run_ids), position, child))
             run_ids.append(child.key)

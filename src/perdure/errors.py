@@ -11,6 +11,7 @@ The tree::
     │   └── AppNotFound                      app_not_found     (MODULE:APP names no App)
     ├── StoreError                           store_error
     │   ├── StoreUnavailable                 store_unavailable
+    │   ├── StoreDamaged                     store_damaged     (the store's file is not sound)
     │   ├── SchemaTooNew                     schema_too_new
     │   └── CorruptState                     corrupt_state
     ├── RunNotFound                          run_not_found
@@ -81,6 +82,7 @@ __all__ = [
     "SchemaTooNew",
     "StaleClaim",
     "StepFailed",
+    "StoreDamaged",
     "StoreError",
     "StoreUnavailable",
     "Suspend",
@@ -155,6 +157,12 @@ class StoreUnavailable(StoreError):
     """The store cannot be reached."""
 
     code = "store_unavailable"
+
+
+class StoreDamaged(StoreError):
+    """The store's file is damaged (not a database, or corrupt); nothing was written."""
+
+    code = "store_damaged"
 
 
 class SchemaTooNew(StoreError):

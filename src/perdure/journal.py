@@ -253,7 +253,8 @@ class Signaled:
                 "signal_id": self.signal_id,
                 "at": self.at.isoformat(),
                 "digest": self.digest,
-            }
+            },
+            envelope=1,
         )
 
     @classmethod
@@ -325,7 +326,8 @@ class Received:
         return cls(message.key, codec.decode(message.payload), message.sequence)
 
     def encode(self) -> str:
-        return codec.encode({"key": self.key, "payload": self.payload, "sequence": self.sequence})
+        body = {"key": self.key, "payload": self.payload, "sequence": self.sequence}
+        return codec.encode(body, envelope=1)
 
     @classmethod
     def decode(cls, text: str | None) -> Received:
@@ -413,7 +415,8 @@ class ChildEnded:
                 "message": self.message,
                 "state": self.state,
                 "child_error": self.child_error,
-            }
+            },
+            envelope=1,
         )
 
     @classmethod

@@ -38,7 +38,8 @@ def check_wait_name(name: str) -> None:
     Raises:
         errors.InvalidInput: empty, with ``/`` or ``#``, or a child's record name.
     """
-    if not name or "/" in name or "#" in name or name.startswith("child:"):
+    codec.check_text("a wait name", name)
+    if "/" in name or "#" in name or name.startswith("child:"):
         raise errors.InvalidInput(
             f"wait name {name!r} must be non-empty, without '/' or '#', and not a child's"
         )
@@ -53,6 +54,7 @@ def target(name: str) -> tuple[str, str | None]:
     Raises:
         errors.InvalidInput: a name no wait can have.
     """
+    codec.check_text("a wait name", name)
     numbered = _NUMBERED.match(name)
     if numbered is None:
         check_wait_name(name)
@@ -109,6 +111,8 @@ def deliver(
     """
     base, exact = target(name)
     run_id = run.run_id
+    if signal_id is not None:
+        codec.check_text("a signal id", signal_id)
     sent_id = signal_id or uuid.uuid4().hex
     outcomes = store.outcomes(run_id)
     if signal_id is not None:

@@ -36,6 +36,8 @@ log = logging.getLogger("perdure.worker")
 # How long a worker waits for its lease keeper to open the store before it
 # renews from its own heartbeat thread instead.
 _KEEPER_START = 30.0
+# The longest pause between claims while the store keeps failing.
+_MAX_CLAIM_BACKOFF = 30.0
 
 
 # Defined with the execution that uses it; named here for callers.
@@ -330,6 +332,7 @@ class Worker:
     def _claim_loop(self) -> None:
         self._await_keeper()
         last_sweep = 0.0
+        failures = 0
         while not self._stop_event.is_set():
             try:
                 self._watch_clock()
@@ -355,9 +358,22 @@ class Worker:
                     recover_until=self._clock_watch.recover_until(time.monotonic()),
                 )
             except Exception as exc:
-                log.warning("worker %s: claim failed: %s", self.worker_id, exc)
-                self._stop_event.wait(self.poll_interval)
+                failures += 1
+                # Back off while the store keeps failing: an outage or a damaged
+                # file is reported, not hammered.
+                pause = min(self.poll_interval * 2 ** min(failures - 1, 10), _MAX_CLAIM_BACKOFF)
+                level = logging.ERROR if isinstance(exc, errors.StoreDamaged) else logging.WARNING
+                log.log(
+                    level,
+                    "worker %s: claim failed (%d in a row, next try in %.1fs): %s",
+                    self.worker_id,
+                    failures,
+                    pause,
+                    exc,
+                )
+                self._stop_event.wait(pause)
                 continue
+            failures = 0
             for item in claimed:
                 self._dispatch(item)
             if not claimed:

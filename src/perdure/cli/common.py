@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -15,7 +14,7 @@ import click
 
 from perdure import app as app_api
 from perdure import client as client_api
-from perdure import errors
+from perdure import codec, errors
 from perdure.cli import output
 from perdure.store import default_url, open_store, port
 
@@ -118,9 +117,10 @@ class JsonValue(click.ParamType):  # type: ignore[type-arg]
         if not isinstance(value, str):
             return value
         try:
-            parsed = json.loads(value)
-        except ValueError as exc:
-            self.fail(f"{value!r} is not valid JSON ({exc})", param, ctx)
+            parsed = codec.decode(value)
+        except errors.InvalidPayload as exc:
+            shown = value if len(value) <= 80 else f"{value[:77]}..."
+            self.fail(f"{shown!r} is not a JSON value perdure takes ({exc})", param, ctx)
         if self.shape is list and not isinstance(parsed, list):
             self.fail(f"expected a JSON array like '[1, \"a\"]', got {value!r}", param, ctx)
         if self.shape is dict and not isinstance(parsed, dict):

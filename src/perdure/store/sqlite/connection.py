@@ -111,11 +111,26 @@ class Result:
         return iter(self._rows)
 
 
+# SQLite's result codes for a file that is not, or no longer, a sound database.
+_DAMAGED = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB"})
+
+
+def failure(path: str, doing: str, exc: sqlite3.Error) -> errors.StoreError:
+    """Return the store error for a SQLite failure: damaged file, or unavailable."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name in _DAMAGED or type(exc) is sqlite3.DatabaseError:
+        return errors.StoreDamaged(
+            f"the SQLite store {path} is damaged ({exc}); {doing} failed and nothing was "
+            "written. Restore it from a backup."
+        )
+    return errors.StoreUnavailable(f"the SQLite store {path}: {doing} failed: {exc}.")
+
+
 # Values SQLite takes as they are: checked first, since nearly every value is one.
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 
 
-def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -> Result:
+def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any], path: str) -> Result:
     """Run a named query (``params`` is converted in place).
 
     Raises:
@@ -136,8 +151,10 @@ def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -> Re
             # fetchall also finishes the statement, which COMMIT requires.
             found += cursor.fetchall()
             changed += max(0, cursor.rowcount)
-    except sqlite3.OperationalError as exc:
-        raise errors.StoreUnavailable(f"the SQLite query {query} failed: {exc}") from exc
+    except sqlite3.IntegrityError:
+        raise  # a broken constraint is the adapter's defect, not the file's
+    except sqlite3.DatabaseError as exc:
+        raise failure(path, f"the query {query}", exc) from exc
     return Result(found, changed)
 
 
@@ -151,17 +168,18 @@ class _Group:
     def __init__(self) -> None:
         self.members = 0
         self.committed = threading.Event()
-        self.error: errors.StoreUnavailable | None = None
+        self.error: errors.StoreError | None = None
 
 
 class Tx:
     """One connection inside one transaction (or one read), with the instant it runs at."""
 
-    __slots__ = ("_now_us", "conn", "notify", "now")
+    __slots__ = ("_now_us", "conn", "notify", "now", "path")
 
-    def __init__(self, conn: sqlite3.Connection, now: datetime) -> None:
+    def __init__(self, conn: sqlite3.Connection, now: datetime, path: str) -> None:
         self.conn = conn
         self.now = now
+        self.path = path
         self._now_us = rows.to_us(now)
         # Set by a write that makes a run ready: waiters are woken after COMMIT.
         self.notify = False
@@ -169,7 +187,7 @@ class Tx:
     def execute(self, query: str, params: dict[str, Any]) -> Result:
         """Run the named query ``query``; ``now`` is always passed."""
         params["now"] = self._now_us
-        return _execute(self.conn, query, params)
+        return _execute(self.conn, query, params, self.path)
 
 
 class Connections:
@@ -209,17 +227,13 @@ class Connections:
                 cached_statements=128,
             )
         except sqlite3.Error as exc:
-            raise errors.StoreUnavailable(
-                f"cannot open the SQLite store {self.path}: {exc}."
-            ) from exc
+            raise failure(self.path, "opening it", exc) from exc
         try:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             conn.execute("PRAGMA synchronous = FULL")
         except sqlite3.Error as exc:
             conn.close()
-            raise errors.StoreUnavailable(
-                f"cannot open the SQLite store {self.path}: {exc}."
-            ) from exc
+            raise failure(self.path, "opening it", exc) from exc
         if str(mode).lower() != "wal":
             conn.close()
             raise errors.StoreUnavailable(
@@ -267,7 +281,7 @@ class Connections:
             self._statement(conn, "SAVEPOINT body")
             try:
                 # The clock is read under the lock, so instants follow commit order.
-                yield Tx(conn, self._now())
+                yield Tx(conn, self._now(), self.path)
             except BaseException:
                 with suppress(sqlite3.Error):
                     conn.execute("ROLLBACK TO body")
@@ -286,10 +300,8 @@ class Connections:
     def _statement(self, conn: sqlite3.Connection, sql: str) -> None:
         try:
             conn.execute(sql)
-        except sqlite3.OperationalError as exc:
-            raise errors.StoreUnavailable(
-                f"the SQLite store {self.path} could not write: {exc}."
-            ) from exc
+        except sqlite3.DatabaseError as exc:
+            raise failure(self.path, "a write", exc) from exc
 
     def _join_group(self) -> _Group:
         if self._group is not None:
@@ -297,11 +309,9 @@ class Connections:
         conn = self._acquire()
         try:
             conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
+        except sqlite3.DatabaseError as exc:
             self._release(conn)
-            raise errors.StoreUnavailable(
-                f"the SQLite store {self.path} could not be locked for writing: {exc}."
-            ) from exc
+            raise failure(self.path, "locking it for writing", exc) from exc
         self._conn_for_writes = conn
         self._group = _Group()
         return self._group
@@ -313,9 +323,7 @@ class Connections:
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            group.error = errors.StoreUnavailable(
-                f"the SQLite store {self.path} could not commit: {exc}."
-            )
+            group.error = failure(self.path, "a commit", exc)
             # If even ROLLBACK fails, _release discards the connection.
             with suppress(sqlite3.Error):
                 if conn.in_transaction:
@@ -341,7 +349,7 @@ class Connections:
         if single:
             conn = self._acquire()
             try:
-                return work(Tx(conn, self._now()))
+                return work(Tx(conn, self._now(), self.path))
             finally:
                 self._release(conn)
         with self._write() as tx:
