@@ -1,0 +1,59 @@
+"""An app for the console's tests: a run that fails, one that waits, one that needs attention."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import perdure
+
+
+def build(url: str, name: str = "shop") -> perdure.App:
+    app = perdure.App(url, name=name)
+
+    @app.step()
+    def reserve(order_id: str) -> dict[str, Any]:
+        return {"order": order_id, "cents": 1200}
+
+    @app.step(retry=perdure.Retry(max_attempts=2))
+    def charge_card(order_id: str) -> str:
+        raise RuntimeError(f"card declined for {order_id}: insufficient funds")
+
+    @app.step(effect="once", retry=perdure.Retry(max_attempts=1))
+    def ship(order_id: str) -> str:
+        raise ConnectionError("carrier timed out; the parcel may have shipped")
+
+    @app.workflow(version="1")
+    def checkout(ctx: perdure.Context, order_id: str) -> str:
+        reserve(order_id)
+        return charge_card(order_id)
+
+    @app.workflow(version="1")
+    def approval(ctx: perdure.Context, order_id: str) -> dict[str, Any]:
+        reserve(order_id)
+        ok = ctx.wait("approve", timeout=timedelta(hours=24))
+        return {"approved": ok}
+
+    @app.workflow(version="1")
+    def fulfil(ctx: perdure.Context, order_id: str) -> str:
+        reserve(order_id)
+        return ship(order_id)
+
+    @app.workflow(version="1")
+    def hostile(ctx: perdure.Context, note: str) -> str:
+        return note
+
+    return app
+
+
+def settle(app: perdure.App, run_ids: list[str], timeout: float = 20.0) -> None:
+    """Wait until none of the runs is queued or running (a worker must be serving)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = [app.get(r).state for r in run_ids]
+        if all(s not in ("queued", "running") for s in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"runs did not settle: {states}")
+        time.sleep(0.02)
