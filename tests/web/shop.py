@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from starlette.testclient import TestClient
+
 import perdure
+from perdure.store import port
+from perdure.web import app as web_app
+from perdure.web import auth
 
 
 def build(url: str, name: str = "shop") -> perdure.App:
@@ -57,3 +65,47 @@ def settle(app: perdure.App, run_ids: list[str], timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"runs did not settle: {states}")
         time.sleep(0.02)
+
+
+@dataclass
+class World:
+    app: perdure.App
+    failed: str
+    waiting: str
+    attention: str
+    hostile: str
+
+    @property
+    def store(self) -> port.Store:
+        return self.app.store
+
+    def token(self, scope: str, app: str | None = None, expires: timedelta | None = None) -> str:
+        held = auth.token_store(self.store)
+        return auth.mint(held, app or self.app.name, scope, expires, self.store.now()).secret
+
+    def client(self, *, open_local: bool = False) -> TestClient:
+        return TestClient(web_app.create_app(self.app.client, app=self.app, open_local=open_local))
+
+
+def build_world(url: str) -> Iterator[World]:
+    app = build(url, name=f"shop_{uuid.uuid4().hex[:6]}")
+    worker = app.worker(concurrency=4, liveness="thread", lease_ttl=3, heartbeat=1)
+    worker.start()
+    try:
+        ids = [
+            app.start("checkout", "o-1").run_id,
+            app.start("approval", "o-2", key="order-2").run_id,
+            app.start("fulfil", "o-3").run_id,
+            app.start("hostile", "<script>alert(1)</script>", key="<script>k</script>").run_id,
+        ]
+        settle(app, ids)
+        assert [app.get(r).state for r in ids] == [
+            "failed",
+            "waiting",
+            "needs_attention",
+            "succeeded",
+        ]
+        yield World(app, *ids)
+    finally:
+        worker.stop(timeout=10)
+        app.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from conftest import World
+from shop import World
 
 from perdure.web import api
 
