@@ -68,8 +68,29 @@ def _durations(history: list[records.Provenance]) -> dict[str, float]:
         if receipt.kind in ("step_started", "effect_started"):
             began.setdefault(receipt.step, receipt.at)
         elif receipt.kind in ("step_completed", "step_failed") and receipt.step in began:
-            took[receipt.step] = (receipt.at - began[receipt.step]).total_seconds()
+            seconds = (receipt.at - began[receipt.step]).total_seconds()
+            # A step that is not a once effect has its start and end written
+            # together, at one instant: its duration is not known, not zero.
+            if seconds > 0:
+                took[receipt.step] = seconds
     return took
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+_env.filters["duration"] = _duration
+
+
+def _once_steps(history: list[records.Provenance], journal: list[records.JournalItem]) -> set[str]:
+    """Return the steps known to be ``once`` effects: the ledger saw their effect start."""
+    found = {r.step for r in history if r.kind == "effect_started" and r.step}
+    return found | {e.name for e in journal if e.kind == "step" and e.status == "started"}
 
 
 def _run_view(console: Console, run_id: str) -> dict[str, Any]:
@@ -77,10 +98,12 @@ def _run_view(console: Console, run_id: str) -> dict[str, Any]:
     info = client.get(run_id)
     history = client.history(run_id)
     waits = client.waits(run_id) if info.state == "waiting" else []
+    entries = console.reads.journal(run_id)
     return {
         "run": info,
         "inputs": console.reads.inputs(run_id),
-        "journal": console.reads.journal(run_id),
+        "journal": entries,
+        "once": _once_steps(history, entries),
         "history": history,
         "durations": _durations(history),
         "waits": waits,
@@ -187,7 +210,8 @@ def routes(console: Console) -> list[Route]:
     async def runs(request: Request) -> Response:
         q = request.query_params
         try:
-            console.caller(request, cookie=True)
+            caller = console.caller(request, cookie=True)
+            auth.require(caller.scope, "read")
             search = (q.get("q") or "").strip()
             if search:
                 found = await run_in_threadpool(console.reads.find, search)
@@ -207,6 +231,7 @@ def routes(console: Console) -> list[Route]:
             request,
             console,
             "runs.html",
+            caller=caller,
             page=page,
             state=state or "",
             workflow=workflow or "",
