@@ -83,8 +83,11 @@ class World:
         held = auth.token_store(self.store)
         return auth.mint(held, app or self.app.name, scope, expires, self.store.now()).secret
 
-    def client(self, *, open_local: bool = False) -> TestClient:
-        return TestClient(web_app.create_app(self.app.client, app=self.app, open_local=open_local))
+    def client(
+        self, *, open_local: bool = False, base_url: str = "http://127.0.0.1:8025"
+    ) -> TestClient:
+        asgi = web_app.create_app(self.app.client, app=self.app, open_local=open_local)
+        return TestClient(asgi, base_url=base_url)
 
 
 def build_world(url: str) -> Iterator[World]:

@@ -148,6 +148,15 @@ def test_an_open_console_serves_loopback_only_until_a_token_exists(world: World)
     assert closed.get("/api/v1/runs").status_code == 401
 
 
+def test_an_open_console_answers_only_requests_for_a_loopback_host(world: World) -> None:
+    rebound = world.client(open_local=True, base_url="http://attacker.example:8025")
+    assert rebound.get("/api/v1/runs").status_code == 401
+    assert rebound.post(f"/api/v1/runs/{world.waiting}/cancel", json={}).status_code == 401
+    assert world.app.get(world.waiting).state == "waiting"
+    for host in ("http://localhost:8025", "http://[::1]:8025", "http://127.0.0.1"):
+        assert world.client(open_local=True, base_url=host).get("/api/v1/runs").status_code == 200
+
+
 def test_tokens_never_reach_the_logs(world: World, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     token = world.token("operate")

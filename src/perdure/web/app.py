@@ -32,6 +32,20 @@ from perdure.web import api, auth, pages
 SESSION_COOKIE = "perdure_session"
 
 
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def _loopback_host(request: Request) -> bool:
+    """Whether the request names this machine in its Host header.
+
+    An open console answers only such requests, so that a web page whose
+    domain is made to resolve to 127.0.0.1 (DNS rebinding) is not served.
+    """
+    host = request.headers.get("host", "")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return name.lower() in _LOOPBACK_HOSTS
+
+
 @dataclass(frozen=True)
 class Caller:
     """Who makes a request: the scope granted and how it was proven."""
@@ -88,7 +102,7 @@ class Console:
         if cookie and request.cookies.get(SESSION_COOKIE):
             found = self.check_token(request.cookies[SESSION_COOKIE])
             return Caller(found.scope, found.token_id, "cookie")
-        if self.is_open():
+        if self.is_open() and _loopback_host(request):
             return Caller("operate", None, "open")
         raise errors.Unauthorized(
             "an access token is needed (Authorization: Bearer <token>); "
