@@ -44,9 +44,14 @@ class SurfaceTransitions(transitions.Transitions[C]):
             "after_id": after.run_id if after else "",
             "limit": max(0, limit),
         }
-        found = self._transact(
-            lambda cur: self._exec(cur, "page_runs", **params).fetchall(), single=True
+        query = (
+            "page_runs_by_state"
+            if state is not None
+            else "page_runs_by_workflow"
+            if workflow is not None
+            else "page_runs"
         )
+        found = self._transact(lambda cur: self._exec(cur, query, **params).fetchall(), single=True)
         return [self.read.run(r) for r in found]
 
     def run_by_key(self, app: str, key: str) -> port.Run | None:

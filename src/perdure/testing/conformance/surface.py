@@ -155,6 +155,16 @@ class PageTests(Suite):
         assert [r.run_id for r in paged.page_runs(APP, workflow="wf-a")] == [a.run_id]
         assert {r.run_id for r in paged.page_runs(APP, state="queued")} == {a.run_id, b.run_id}
         assert paged.page_runs(APP, state="failed") == []
+        both = paged.page_runs(APP, state="queued", workflow="wf-b")
+        assert [r.run_id for r in both] == [b.run_id]
+        assert paged.page_runs(APP, state="failed", workflow="wf-b") == []
+        first = paged.page_runs(APP, state="queued", limit=1)
+        rest = paged.page_runs(
+            APP, state="queued", after=pages.After(first[0].created_at, first[0].run_id)
+        )
+        assert {r.run_id for r in first + rest} == {a.run_id, b.run_id} and len(rest) == 1
+        only_a = paged.page_runs(APP, workflow="wf-a", after=pages.After(a.created_at, a.run_id))
+        assert only_a == []
         assert paged.page_runs(APP, limit=0) == []
 
     def test_run_by_key_finds_only_the_apps_run(self, store: port.Store) -> None:

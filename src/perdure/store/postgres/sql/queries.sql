@@ -692,11 +692,28 @@ SELECT (SELECT count(*) FROM waits_gone)
 
 -- name: page_runs
 -- Keyset, newest first; with no page before, after_at is past every run.
+-- One query per filter, each walking its own index in order (a filter
+-- written `param IS NULL OR ...` would keep the planner off the index).
 -- Served by runs_page (app, created_at, run_id).
 SELECT * FROM perdure.runs
 WHERE app = %(app)s
-  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: page_runs_by_state
+-- Served by runs_page_state (app, state, created_at, run_id).
+SELECT * FROM perdure.runs
+WHERE app = %(app)s AND state = %(state)s
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: page_runs_by_workflow
+-- Served by runs_page_workflow (app, workflow, created_at, run_id).
+SELECT * FROM perdure.runs
+WHERE app = %(app)s AND workflow = %(workflow)s
   AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
 ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;

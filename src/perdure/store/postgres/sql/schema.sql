@@ -139,6 +139,8 @@ CREATE INDEX tokens_app ON perdure.tokens (app, created_at);
 
 -- Pages of an app's runs by keyset: (created_at, run_id) < the last one shown.
 CREATE INDEX runs_page ON perdure.runs (app, created_at, run_id);
+CREATE INDEX runs_page_state ON perdure.runs (app, state, created_at, run_id);
+CREATE INDEX runs_page_workflow ON perdure.runs (app, workflow, created_at, run_id);
 
 -- Aborts the statement that calls it: lets a single-statement write refuse
 -- (and so roll back) everything it did, without a transaction round trip.

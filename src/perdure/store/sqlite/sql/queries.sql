@@ -540,11 +540,28 @@ DELETE FROM messages WHERE NOT EXISTS (
 
 -- name: page_runs
 -- Keyset, newest first; with no page before, after_at is past every run.
+-- One query per filter, each walking its own index in order (a filter
+-- written `param IS NULL OR ...` would keep the planner off the index).
 -- Served by runs_page (app, created_at, run_id).
 SELECT * FROM runs
 WHERE app = :app
-  AND (:state IS NULL OR state = :state)
+  AND (created_at, run_id) < (:after_at, :after_id)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: page_runs_by_state
+-- Served by runs_page_state (app, state, created_at, run_id).
+SELECT * FROM runs
+WHERE app = :app AND state = :state
   AND (:workflow IS NULL OR workflow = :workflow)
+  AND (created_at, run_id) < (:after_at, :after_id)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: page_runs_by_workflow
+-- Served by runs_page_workflow (app, workflow, created_at, run_id).
+SELECT * FROM runs
+WHERE app = :app AND workflow = :workflow
   AND (created_at, run_id) < (:after_at, :after_id)
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;

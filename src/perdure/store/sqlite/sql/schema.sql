@@ -136,3 +136,5 @@ CREATE INDEX tokens_app ON tokens (app, created_at);
 
 -- Pages of an app's runs by keyset: (created_at, run_id) < the last one shown.
 CREATE INDEX runs_page ON runs (app, created_at, run_id);
+CREATE INDEX runs_page_state ON runs (app, state, created_at, run_id);
+CREATE INDEX runs_page_workflow ON runs (app, workflow, created_at, run_id);

@@ -14,3 +14,5 @@ CREATE TABLE perdure.tokens (
 CREATE INDEX tokens_app ON perdure.tokens (app, created_at);
 
 CREATE INDEX runs_page ON perdure.runs (app, created_at, run_id);
+CREATE INDEX runs_page_state ON perdure.runs (app, state, created_at, run_id);
+CREATE INDEX runs_page_workflow ON perdure.runs (app, workflow, created_at, run_id);

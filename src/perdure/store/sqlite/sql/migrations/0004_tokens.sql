@@ -14,3 +14,5 @@ CREATE TABLE tokens (
 CREATE INDEX tokens_app ON tokens (app, created_at);
 
 CREATE INDEX runs_page ON runs (app, created_at, run_id);
+CREATE INDEX runs_page_state ON runs (app, state, created_at, run_id);
+CREATE INDEX runs_page_workflow ON runs (app, workflow, created_at, run_id);
