@@ -12,7 +12,7 @@ import pytest
 from shop import World
 
 from perdure.store import tokens
-from perdure.web import auth
+from perdure.web import api, auth
 
 
 def _bearer(token: str) -> dict[str, str]:
@@ -188,3 +188,18 @@ def test_mint_refuses_bad_input(world: World) -> None:
         with pytest.raises(ValueError):
             auth.mint(held, app, scope, life, now)
     assert held.list_tokens() == []
+
+
+@pytest.mark.parametrize("endpoint", api.ENDPOINTS, ids=lambda e: f"{e.method} {e.path}")
+def test_every_endpoint_needs_a_token(world: World, endpoint: api.Endpoint) -> None:
+    path = (
+        endpoint.path.replace("{run_id}", world.waiting)
+        .replace("{name}", "approve")
+        .replace("{channel}", "inbox")
+    )
+    before = [(r.run_id, r.state, r.updated_at) for r in world.app.runs()]
+    answer = world.client().request(endpoint.method, "/api/v1" + path, json={"key": "k"})
+    assert answer.status_code == 401
+    assert answer.json()["error"]["code"] == "unauthorized"
+    assert [(r.run_id, r.state, r.updated_at) for r in world.app.runs()] == before
+    _unchanged(world)

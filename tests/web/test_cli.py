@@ -127,3 +127,50 @@ def test_perdure_imports_without_the_web_extra() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_console_with_the_apps_code_starts_runs_without_a_version(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "tinyshop.py").write_text(
+        "import perdure\n"
+        "app = perdure.App(name='tiny')\n"
+        "@app.workflow(version='7')\n"
+        "def hello(ctx: perdure.Context, who: str) -> str:\n"
+        "    return who\n"
+    )
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "perdure", "console", "tinyshop:app", "--store", sqlite_url,
+         "--port", str(port), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        about = json.loads(server.stdout.readline())
+        assert (about["app"], about["tokens"]) == ("tiny", False)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/v1/runs",
+            data=json.dumps({"workflow": "hello", "args": ["ada"]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(request) as answer:
+                    assert answer.status == 201
+                    run_id = json.load(answer)["run_id"]
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.05)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    store = open_store(sqlite_url)
+    try:
+        run = store.get_run(run_id)
+        assert run is not None and (run.app, run.workflow, run.version) == ("tiny", "hello", "7")
+    finally:
+        store.close()
