@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -91,7 +90,7 @@ class World:
 
 
 def build_world(url: str) -> Iterator[World]:
-    app = build(url, name=f"shop_{uuid.uuid4().hex[:6]}")
+    app = build(url, name="shop")
     worker = app.worker(concurrency=4, liveness="thread", lease_ttl=3, heartbeat=1)
     worker.start()
     try:
