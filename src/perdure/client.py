@@ -37,7 +37,7 @@ def athread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     return twin
 
 
-def _decode_column(run_id: str, column: str, text: str | None) -> Any:
+def decode_column(run_id: str, column: str, text: str | None) -> Any:
     if text is None:
         return None
     try:
@@ -48,7 +48,7 @@ def _decode_column(run_id: str, column: str, text: str | None) -> Any:
 
 def run_info(run: port.Run) -> records.RunInfo:
     """Convert a stored run to what clients see, refusing unreadable columns."""
-    error = _decode_column(run.run_id, "error", run.error)
+    error = decode_column(run.run_id, "error", run.error)
     if error is not None and not isinstance(error, dict):
         raise errors.CorruptState(run.run_id, "run_error_shape", "error is not an object")
     return records.RunInfo(
@@ -56,7 +56,7 @@ def run_info(run: port.Run) -> records.RunInfo:
         workflow=run.workflow,
         version=run.version,
         state=run.state,
-        result=_decode_column(run.run_id, "result", run.result),
+        result=decode_column(run.run_id, "result", run.result),
         error=error,
         attempt=run.generation,
         failures=run.failures,
@@ -159,6 +159,14 @@ class Client:
 
     def handle(self, run_id: str, hint: Any = None) -> RunHandle[Any]:
         return RunHandle[Any](self, run_id, hint)
+
+    def record(self, run_id: str) -> port.Run:
+        """Return the app's stored run ``run_id``.
+
+        Raises:
+            errors.RunNotFound: no such run in this app.
+        """
+        return self._run(run_id)
 
     def _run(self, run_id: str) -> port.Run:
         codec.check_text("a run id", run_id)

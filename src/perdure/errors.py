@@ -28,6 +28,9 @@ The tree::
     ├── NotResolvable                        not_resolvable
     ├── NotCanceled                          not_canceled
     ├── DemoFailed                           demo_failed
+    ├── Unauthorized                         unauthorized      (no token, or a bad or old one)
+    ├── Forbidden                            forbidden         (the token's app or scope forbids it)
+    ├── TokenNotFound                        token_not_found
     ├── WaitTimedOut                         wait_timeout      (raised in workflow code)
     ├── StepFailed                           step_failed       (raised in workflow code)
     ├── EffectFailed                         effect_failed     (raised by a step's author)
@@ -62,6 +65,7 @@ __all__ = [
     "DemoFailed",
     "EffectFailed",
     "EffectUnsettled",
+    "Forbidden",
     "ImportFailed",
     "Interrupt",
     "InvalidInput",
@@ -86,6 +90,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "Suspend",
+    "TokenNotFound",
+    "Unauthorized",
     "WaitExpired",
     "WaitSettled",
     "WaitStillOpen",
@@ -318,6 +324,24 @@ class DemoFailed(PerdureError):
     """The embedded example did not end as it should."""
 
     code = "demo_failed"
+
+
+class Unauthorized(PerdureError):
+    """A valid access token is needed: none was given, or it is unknown, revoked or expired."""
+
+    code = "unauthorized"
+
+
+class Forbidden(PerdureError):
+    """The access token does not allow this: another app's run, or a call beyond its scope."""
+
+    code = "forbidden"
+
+
+class TokenNotFound(PerdureError):
+    """No access token has this id."""
+
+    code = "token_not_found"
 
 
 class WaitTimedOut(PerdureError):

@@ -79,3 +79,28 @@ class Provenance:
     step: str | None
     digest: str | None
     note: str | None = None
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """One page of an app's runs, newest first; ``next_cursor`` is None on the last page."""
+
+    runs: list[RunInfo]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class JournalItem:
+    """One journal entry as a reader sees it: ``output`` and ``error`` decoded from JSON.
+
+    ``status`` is ``ok``, ``error`` or ``started`` (an effect began and has no
+    recorded outcome yet); ``attempt`` is the attempt that recorded it.
+    """
+
+    position: int
+    kind: str
+    name: str
+    status: str
+    output: Any
+    error: Any
+    attempt: int

@@ -66,6 +66,7 @@ def test_migrations_produce_schema_sql(tmp_path: Path) -> None:
         "waits",
         "outcomes",
         "messages",
+        "tokens",
     }
     assert _objects(migrated) == expected
 

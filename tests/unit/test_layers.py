@@ -26,7 +26,7 @@ SRC = Path(perdure.__file__).parent
 # Engine and interfaces, lowest layer first; each layer maps group -> modules.
 LAYERS: list[dict[str, set[str]]] = [
     {"base": {"perdure.errors", "perdure.records"}},
-    {"port": {"perdure.store.port"}},
+    {"port": {"perdure.store.port", "perdure.store.tokens", "perdure.store.pages"}},
     {
         "values": {
             "perdure.codec",
@@ -39,14 +39,16 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.signals",
         }
     },
-    {"steps": {"perdure.steps"}, "client": {"perdure.client"}},
+    {"steps": {"perdure.steps"}, "client": {"perdure.client", "perdure.reads"}},
     {"context": {"perdure.context"}},
     {"registry": {"perdure.registry"}},
     {"execution": {"perdure.execution"}, "keeper": {"perdure.keeper"}},
     {"worker": {"perdure.worker"}},
     {"app": {"perdure.app"}},
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},
-    {"cli": {"perdure.cli"}, "web": {"perdure.web"}},
+    # The console command serves the web package: web sits below the command line.
+    {"web": {"perdure.web"}},
+    {"cli": {"perdure.cli"}},
     {"api": {"perdure", "perdure.__main__"}},
 ]
 # Groups named by a package take its submodules too.

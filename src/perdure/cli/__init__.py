@@ -2,7 +2,8 @@
 
 One module per command group: ``workers`` (worker), ``runs`` (start, runs,
 show), ``signals`` (signal, send, waits, resume), ``operators`` (cancel,
-resolve, fork), ``migrate`` and ``demo``; ``common`` and ``output`` hold what
+resolve, fork), ``migrate``, ``demo``, ``tokens`` and ``console`` (the web
+console, an optional extra); ``common`` and ``output`` hold what
 they share. Only ``worker`` and ``start`` import user code (``MODULE:APP``); every other
 command works from the store alone, through a :class:`~perdure.client.Client`.
 Commands that take a run id find the run's app in the store, so ``--app`` is
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import click
 
-from perdure.cli import demo, migrate, operators, output, runs, signals, workers
+from perdure.cli import console, demo, migrate, operators, output, runs, signals, tokens, workers
 
 
 @click.group(
@@ -48,6 +49,8 @@ for command in (
     operators.fork,
     migrate.migrate,
     demo.demo,
+    tokens.tokens,
+    console.console,
 ):
     cli.add_command(command)
 

@@ -38,6 +38,7 @@ _COLUMNS = {
     "wait": "run_id app name kind deadline created_at",
     "outcome": "run_id name kind signal_id payload payload_digest at",
     "message": "run_id channel key sequence payload at",
+    "token": "token_id app scope digest created_at expires_at revoked_at",
 }
 
 INVARIANTS: dict[str, str] = {

@@ -63,6 +63,7 @@ from perdure.testing.conformance.ledger import LedgerTests
 from perdure.testing.conformance.lifecycle import LifecycleTests
 from perdure.testing.conformance.operators import OperatorTests
 from perdure.testing.conformance.runs import RunTests
+from perdure.testing.conformance.surface import PageTests, TokenTests
 from perdure.testing.conformance.sweep import SweepTests
 from perdure.testing.conformance.waits import WaitTests
 
@@ -87,6 +88,8 @@ class StoreConformance(
     OperatorTests,
     LedgerTests,
     SweepTests,
+    TokenTests,
+    PageTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 

@@ -687,3 +687,66 @@ WITH waits_gone AS (
 SELECT (SELECT count(*) FROM waits_gone)
      + (SELECT count(*) FROM outcomes_gone)
      + (SELECT count(*) FROM messages_gone) AS n;
+
+-- == the operating surface: run pages and access tokens =======================
+
+-- name: page_runs
+-- Keyset, newest first; with no page before, after_at is past every run.
+-- One query per filter, each walking its own index in order (a filter
+-- written `param IS NULL OR ...` would keep the planner off the index).
+-- Served by runs_page (app, created_at, run_id).
+SELECT * FROM perdure.runs
+WHERE app = %(app)s
+  AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: page_runs_by_state
+-- Served by runs_page_state (app, state, created_at, run_id).
+SELECT * FROM perdure.runs
+WHERE app = %(app)s AND state = %(state)s
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: page_runs_by_workflow
+-- Served by runs_page_workflow (app, workflow, created_at, run_id).
+SELECT * FROM perdure.runs
+WHERE app = %(app)s AND workflow = %(workflow)s
+  AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: run_by_key
+SELECT * FROM perdure.runs WHERE app = %(app)s AND key = %(key)s;
+
+-- name: create_token
+INSERT INTO perdure.tokens (token_id, app, scope, digest, created_at, expires_at)
+VALUES (
+    %(token_id)s, %(app)s, %(scope)s, %(digest)s,
+    coalesce(%(now)s::timestamptz, statement_timestamp()), %(expires_at)s::timestamptz
+)
+ON CONFLICT (token_id) DO NOTHING
+RETURNING *;
+
+-- name: get_token
+SELECT * FROM perdure.tokens WHERE token_id = %(token_id)s;
+
+-- name: list_tokens
+SELECT * FROM perdure.tokens
+WHERE (%(app)s::text IS NULL OR app = %(app)s::text)
+ORDER BY created_at, token_id;
+
+-- name: revoke_token
+UPDATE perdure.tokens
+SET revoked_at = coalesce(revoked_at, %(now)s::timestamptz, statement_timestamp())
+WHERE token_id = %(token_id)s
+RETURNING *;
+
+-- name: has_tokens
+SELECT EXISTS (
+    SELECT 1 FROM perdure.tokens
+    WHERE app = %(app)s AND revoked_at IS NULL
+      AND (expires_at IS NULL OR expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+) AS found;

@@ -124,6 +124,24 @@ CREATE TABLE perdure.messages (
 -- Delivery order within a channel.
 CREATE UNIQUE INDEX messages_order ON perdure.messages (run_id, channel, sequence);
 
+-- Access tokens of the console and the HTTP API: only a digest of the secret.
+CREATE TABLE perdure.tokens (
+    token_id text PRIMARY KEY,
+    app text NOT NULL,
+    scope text NOT NULL,
+    digest text NOT NULL,
+    created_at timestamptz NOT NULL,
+    expires_at timestamptz,
+    revoked_at timestamptz
+);
+
+CREATE INDEX tokens_app ON perdure.tokens (app, created_at);
+
+-- Pages of an app's runs by keyset: (created_at, run_id) < the last one shown.
+CREATE INDEX runs_page ON perdure.runs (app, created_at, run_id);
+CREATE INDEX runs_page_state ON perdure.runs (app, state, created_at, run_id);
+CREATE INDEX runs_page_workflow ON perdure.runs (app, workflow, created_at, run_id);
+
 -- Aborts the statement that calls it: lets a single-statement write refuse
 -- (and so roll back) everything it did, without a transaction round trip.
 CREATE FUNCTION perdure.refuse(reason text) RETURNS integer

@@ -532,3 +532,59 @@ DELETE FROM messages WHERE NOT EXISTS (
     SELECT 1 FROM runs AS r
     WHERE r.run_id = messages.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
 );
+
+-- == the operating surface: run pages and access tokens =======================
+
+-- name: page_runs
+-- Keyset, newest first; with no page before, after_at is past every run.
+-- One query per filter, each walking its own index in order (a filter
+-- written `param IS NULL OR ...` would keep the planner off the index).
+-- Served by runs_page (app, created_at, run_id).
+SELECT * FROM runs
+WHERE app = :app
+  AND (created_at, run_id) < (:after_at, :after_id)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: page_runs_by_state
+-- Served by runs_page_state (app, state, created_at, run_id).
+SELECT * FROM runs
+WHERE app = :app AND state = :state
+  AND (:workflow IS NULL OR workflow = :workflow)
+  AND (created_at, run_id) < (:after_at, :after_id)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: page_runs_by_workflow
+-- Served by runs_page_workflow (app, workflow, created_at, run_id).
+SELECT * FROM runs
+WHERE app = :app AND workflow = :workflow
+  AND (created_at, run_id) < (:after_at, :after_id)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: run_by_key
+SELECT * FROM runs WHERE app = :app AND key = :key;
+
+-- name: create_token
+INSERT INTO tokens (token_id, app, scope, digest, created_at, expires_at)
+VALUES (:token_id, :app, :scope, :digest, :now, :expires_at)
+ON CONFLICT (token_id) DO NOTHING
+RETURNING *;
+
+-- name: get_token
+SELECT * FROM tokens WHERE token_id = :token_id;
+
+-- name: list_tokens
+SELECT * FROM tokens WHERE (:app IS NULL OR app = :app) ORDER BY created_at, token_id;
+
+-- name: revoke_token
+UPDATE tokens SET revoked_at = coalesce(revoked_at, :now)
+WHERE token_id = :token_id
+RETURNING *;
+
+-- name: has_tokens
+SELECT EXISTS (
+    SELECT 1 FROM tokens
+    WHERE app = :app AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > :now)
+) AS found;

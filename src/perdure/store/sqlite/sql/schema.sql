@@ -120,3 +120,21 @@ CREATE TABLE messages (
 
 -- Delivery order within a channel.
 CREATE UNIQUE INDEX messages_order ON messages (run_id, channel, sequence);
+
+-- Access tokens of the console and the HTTP API: only a digest of the secret.
+CREATE TABLE tokens (
+    token_id TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER,
+    revoked_at INTEGER
+);
+
+CREATE INDEX tokens_app ON tokens (app, created_at);
+
+-- Pages of an app's runs by keyset: (created_at, run_id) < the last one shown.
+CREATE INDEX runs_page ON runs (app, created_at, run_id);
+CREATE INDEX runs_page_state ON runs (app, state, created_at, run_id);
+CREATE INDEX runs_page_workflow ON runs (app, workflow, created_at, run_id);

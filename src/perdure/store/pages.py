@@ -1,0 +1,44 @@
+"""The paging section of the store port: an app's runs page by page, and runs by key.
+
+A page is read by keyset, not by offset: each page starts strictly after the
+last run of the previous one in the listing order (newest first: ``created_at``
+then ``run_id``, both descending), so a page costs the same at any depth and a
+run created meanwhile never shifts the pages already handed out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from perdure.store import port
+
+
+@dataclass(frozen=True)
+class After:
+    """Where a page starts: strictly after this run in the listing order."""
+
+    created_at: datetime
+    run_id: str
+
+
+@runtime_checkable
+class PagedStore(Protocol):
+    """The store's paged reads."""
+
+    def page_runs(
+        self,
+        app: str,
+        *,
+        state: str | None = None,
+        workflow: str | None = None,
+        after: After | None = None,
+        limit: int = 50,
+    ) -> list[port.Run]:
+        """Return up to ``limit`` of the app's runs, newest first, strictly after ``after``."""
+        ...
+
+    def run_by_key(self, app: str, key: str) -> port.Run | None:
+        """Return the app's run started under ``key``, or None."""
+        ...

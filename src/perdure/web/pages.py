@@ -1,0 +1,306 @@
+"""The console's pages: runs, one run, the operator's actions, login.
+
+Pages are rendered on the server with Jinja2 (autoescaping on, so a
+workflow name or payload holding ``<script>`` shows as text); a little plain
+JavaScript asks for confirmation before an action and refreshes a live run.
+Every action is a POST carrying the anti-forgery field ``csrf``, and shows
+the engine's answer: a receipt, or a refusal with its code.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from perdure import errors, records
+from perdure.store import port
+from perdure.web import api, auth
+
+if TYPE_CHECKING:
+    from perdure.web.app import Caller, Console
+
+_env = Environment(
+    loader=PackageLoader("perdure.web", "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+)
+_env.filters["pretty"] = lambda value: json.dumps(api.jsonable(value), indent=2, sort_keys=True)
+_env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+LIVE = frozenset({"queued", "running", "waiting"})
+ACTIONS = ("signal", "send", "cancel", "resume", "resolve", "fork")
+
+
+def _render(
+    request: Request, console: Console, name: str, status: int = 200, **values: Any
+) -> HTMLResponse:
+    page = _env.get_template(name).render(
+        app=console.name,
+        csrf=console.form_key(request),
+        open_mode=console.is_open(),
+        states=port.RUN_STATES,
+        **values,
+    )
+    return HTMLResponse(page, status_code=status)
+
+
+def _refused(request: Request, console: Console, exc: errors.PerdureError) -> Response:
+    status = api.status_of(exc)
+    if status == 401 and request.method == "GET":
+        return RedirectResponse("/login?" + urlencode({"next": request.url.path}), 303)
+    return _render(request, console, "error.html", status, error=exc)
+
+
+def _durations(history: list[records.Provenance]) -> dict[str, float]:
+    """Return each step's duration in seconds, from the ledger's first start to its end."""
+    began: dict[str, datetime] = {}
+    took: dict[str, float] = {}
+    for receipt in history:
+        if receipt.step is None:
+            continue
+        if receipt.kind in ("step_started", "effect_started"):
+            began.setdefault(receipt.step, receipt.at)
+        elif receipt.kind in ("step_completed", "step_failed") and receipt.step in began:
+            seconds = (receipt.at - began[receipt.step]).total_seconds()
+            # A step that is not a once effect has its start and end written
+            # together, at one instant: its duration is not known, not zero.
+            if seconds > 0:
+                took[receipt.step] = seconds
+    return took
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+_env.filters["duration"] = _duration
+
+
+def _once_steps(history: list[records.Provenance], journal: list[records.JournalItem]) -> set[str]:
+    """Return the steps known to be ``once`` effects: the ledger saw their effect start."""
+    found = {r.step for r in history if r.kind == "effect_started" and r.step}
+    return found | {e.name for e in journal if e.kind == "step" and e.status == "started"}
+
+
+def _run_view(console: Console, run_id: str) -> dict[str, Any]:
+    client = console.client
+    info = client.get(run_id)
+    history = client.history(run_id)
+    waits = client.waits(run_id) if info.state == "waiting" else []
+    entries = console.reads.journal(run_id)
+    return {
+        "run": info,
+        "inputs": console.reads.inputs(run_id),
+        "journal": entries,
+        "once": _once_steps(history, entries),
+        "history": history,
+        "durations": _durations(history),
+        "waits": waits,
+        "children": client.children(run_id),
+        "live": info.state in LIVE,
+    }
+
+
+def _parse_json(text: str, what: str) -> Any:
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise errors.InvalidInput(f"the {what} is not valid JSON ({exc})") from None
+
+
+def _act(console: Console, caller: Caller, run_id: str, action: str, form: Any) -> Any:
+    """Run one action through the client; return the engine's answer."""
+    client = console.client
+
+    def field(name: str) -> str:
+        return str(form.get(name) or "")
+
+    need: auth.Need = "signal" if action in ("signal", "send") else "operate"
+    auth.require(caller.scope, need)
+    if action == "signal":
+        name = field("name").strip()
+        return client.signal(
+            run_id,
+            name,
+            _parse_json(field("payload"), "payload"),
+            signal_id=field("signal_id").strip() or None,
+        )
+    if action == "send":
+        stored = client.send(
+            run_id,
+            field("channel").strip(),
+            field("key").strip(),
+            _parse_json(field("payload"), "payload"),
+        )
+        return {"stored": stored}
+    if action == "cancel":
+        took = client.cancel(run_id)
+        if not took:
+            state = client.get(run_id).state
+            raise errors.NotCanceled(f"cancel of run {run_id} took no effect: it is {state}")
+        return {"canceled": True, "state": client.get(run_id).state}
+    if action == "resume":
+        return {"resumed": client.resume(run_id), "state": client.get(run_id).state}
+    if action == "resolve":
+        step, note = field("step").strip(), field("note").strip() or None
+        if field("outcome") == "error":
+            info = client.resolve(
+                run_id, step, error=field("error") or "resolved as failed", note=note
+            )
+        else:
+            output = _parse_json(field("output"), "output")
+            info = client.resolve(run_id, step, output=output, note=note)
+        return {"state": info.state}
+    if action == "fork":
+        handle = client.fork(run_id, field("from_step").strip() or None, live=field("live") == "on")
+        return {"forked": handle.run_id}
+    raise errors.InvalidInput(f"unknown action {action!r}")
+
+
+def routes(console: Console) -> list[Route]:
+    """Return the console's page routes."""
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/runs", 303)
+
+    async def login_form(request: Request) -> Response:
+        return _render(request, console, "login.html", next=request.query_params.get("next", ""))
+
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        presented = str(form.get("token") or "")
+        target = str(form.get("next") or "/runs")
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/runs"
+        try:
+            await run_in_threadpool(console.check_token, presented)
+        except errors.PerdureError as exc:
+            return _render(
+                request, console, "login.html", api.status_of(exc), error=exc, next=target
+            )
+        response = RedirectResponse(target, 303)
+        response.set_cookie(
+            "perdure_session",
+            presented.strip(),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/",
+        )
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/login", 303)
+        response.delete_cookie("perdure_session", path="/")
+        return response
+
+    async def runs(request: Request) -> Response:
+        q = request.query_params
+        try:
+            caller = console.caller(request, cookie=True)
+            auth.require(caller.scope, "read")
+            search = (q.get("q") or "").strip()
+            if search:
+                found = await run_in_threadpool(console.reads.find, search)
+                if found is not None:
+                    return RedirectResponse(f"/runs/{found.run_id}", 303)
+            state, workflow = q.get("state") or None, q.get("workflow") or None
+            page = await run_in_threadpool(
+                console.reads.page, state, workflow, q.get("cursor") or None, 50
+            )
+        except errors.PerdureError as exc:
+            return _refused(request, console, exc)
+        next_url = None
+        if page.next_cursor:
+            kept = {k: v for k, v in (("state", state), ("workflow", workflow)) if v}
+            next_url = "/runs?" + urlencode({**kept, "cursor": page.next_cursor})
+        return _render(
+            request,
+            console,
+            "runs.html",
+            caller=caller,
+            page=page,
+            state=state or "",
+            workflow=workflow or "",
+            search=search,
+            missing=bool(search),
+            next_url=next_url,
+            first_url="/runs?"
+            + urlencode({k: v for k, v in (("state", state), ("workflow", workflow)) if v}),
+            paged=bool(q.get("cursor")),
+        )
+
+    async def run_page(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            caller = console.caller(request, cookie=True)
+            auth.require(caller.scope, "read")
+            view = await run_in_threadpool(_run_view, console, run_id)
+        except errors.PerdureError as exc:
+            return _refused(request, console, exc)
+        return _render(
+            request,
+            console,
+            "run.html",
+            caller=caller,
+            action=None,
+            answer=None,
+            refusal=None,
+            **view,
+        )
+
+    async def action(request: Request) -> Response:
+        run_id, name = request.path_params["run_id"], request.path_params["action"]
+        form = await request.form()
+        answer: Any = None
+        refusal: errors.PerdureError | None = None
+        try:
+            caller = console.caller(request, cookie=True)
+            if caller.via != "bearer":
+                console.check_form_key(request, str(form.get("csrf") or ""))
+            if name not in ACTIONS:
+                raise errors.InvalidInput(f"unknown action {name!r}")
+            answer = await run_in_threadpool(_act, console, caller, run_id, name, form)
+        except (errors.Unauthorized, errors.Forbidden) as exc:
+            return _refused(request, console, exc)
+        except errors.PerdureError as exc:
+            refusal = exc
+        try:
+            view = await run_in_threadpool(_run_view, console, run_id)
+        except errors.PerdureError as exc:
+            return _refused(request, console, refusal or exc)
+        status = 200 if refusal is None else api.status_of(refusal)
+        return _render(
+            request,
+            console,
+            "run.html",
+            status,
+            caller=caller,
+            action=name,
+            answer=None if answer is None else api.jsonable(answer),
+            refusal=None if refusal is None else api.error_body(refusal),
+            **view,
+        )
+
+    return [
+        Route("/", home, methods=["GET"]),
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/runs", runs, methods=["GET"]),
+        Route("/runs/{run_id}", run_page, methods=["GET"]),
+        Route("/runs/{run_id}/actions/{action}", action, methods=["POST"]),
+    ]

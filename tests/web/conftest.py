@@ -1,0 +1,34 @@
+"""Fixtures of the console and API tests: a served shop with runs in each state.
+
+``shop_world`` builds the app of ``tests/web/shop.py`` on the test's store,
+serves it with a worker (thread liveness) and drives four runs to where the
+tests need them: ``failed`` (a step raised), ``waiting`` (on the signal
+``approve``), ``needs_attention`` (a ``once`` step raised) and ``hostile``
+(succeeded, inputs and key holding ``<script>``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("jinja2")
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from shop import World, build_world
+
+
+@pytest.fixture
+def world(sqlite_url: str) -> Iterator[World]:
+    yield from build_world(sqlite_url)
+
+
+@pytest.fixture
+def any_world(store_url: str) -> Iterator[World]:
+    """The same world on each store (SQLite and PostgreSQL)."""
+    yield from build_world(store_url)
