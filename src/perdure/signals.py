@@ -179,19 +179,29 @@ def ended_answer(
         errors.RunFinished: the run ended without settling any of them.
     """
     base, exact = target(name)
-    applied: list[records.Receipt] = []
+
+    def named(key: str) -> int | None:
+        index = index_of(base, key)
+        return index if exact is None or key == exact else None
+
+    # The journal holds the waits the run applied; a signal it never applied
+    # keeps its record after the end, so that its sender is answered too.
+    settled: dict[int, records.Receipt] = {}
     for entry in store.journal(run.run_id):
-        if entry.kind != "wait" or entry.status == "started":
-            continue
-        if (entry.name != exact) if exact is not None else index_of(base, entry.name) is None:
+        index = named(entry.name)
+        if entry.kind != "wait" or entry.status == "started" or index is None:
             continue
         found = _journal_receipt(run.run_id, entry)
         if found is not None:
-            applied.append(found)
-    for found in applied:
+            settled[index] = found
+    for kept in store.outcomes(run.run_id):
+        index = named(kept.name)
+        if index is not None and index not in settled:
+            settled[index] = receipt(kept)
+    for found in settled.values():
         if found.outcome == "signaled" and signal_id and found.signal_id == signal_id:
             return found
-    if not applied:
+    if not settled:
         raise errors.RunFinished(run.run_id, run.state)
-    latest = applied[-1]
+    latest = settled[max(settled)]
     raise errors.WaitSettled(f"wait {latest.wait_id} was already {latest.outcome}", latest)

@@ -124,6 +124,16 @@ class Model:
         return self.deadline is not None and self.now >= self.deadline
 
     @property
+    def kept(self) -> bool:
+        """An ended run keeps the record of a signal it never applied."""
+        return (
+            self.state == "canceled"
+            and self.outcome is not None
+            and self.outcome.kind == "signaled"
+            and self.outcome.signal_id is not None
+        )
+
+    @property
     def claimable(self) -> bool:
         # queued; waiting with its deadline due; running whose lease lapsed
         # (every abandoned claim is followed by a clock move past its lease).
@@ -186,7 +196,7 @@ def check_signal(app: perdure.App, m: Model, signal_id: str, payload: Any) -> No
             e.kind == "wait" and e.status != "started" for e in app.store.journal(m.run_id)
         )
         assert applied or m.state == "canceled"
-        if not applied:
+        if not applied and not m.kept:
             with pytest.raises(perdure.RunFinished):
                 app.signal(m.run_id, ONE_WAIT, payload, signal_id=signal_id)
             return
@@ -279,7 +289,7 @@ def check_stored(app: perdure.App, m: Model) -> None:
     """The store agrees with the model: state, the one outcome record, the open waits."""
     assert app.get(m.run_id).state == m.state
     stored = app.store.outcomes(m.run_id)
-    if m.ended or m.outcome is None:
+    if (m.ended and not m.kept) or m.outcome is None:
         assert stored == []
     else:
         (only,) = stored
@@ -325,7 +335,8 @@ def check_ended(app: perdure.App, m: Model) -> None:
         assert history.count("outcome_applied") == 0
         assert entries in ([], [(1, "wait", "go", "started")])
     assert app.waits() == []
-    assert app.store.outcomes(m.run_id) == []
+    kept = [(o.name, o.signal_id) for o in app.store.outcomes(m.run_id)]
+    assert kept == ([("go", m.outcome.signal_id)] if m.kept and m.outcome else [])
     assert history.count("woken") == m.woken
 
 

@@ -91,9 +91,10 @@ def expected_receipt(
     )
 
 
-def no_records(app: perdure.App, run_id: str, *channels: str) -> None:
-    """Assert the run keeps no outcome, wait or message record."""
-    assert app.store.outcomes(run_id) == []
+def no_records(app: perdure.App, run_id: str, *channels: str, kept: tuple[str, ...] = ()) -> None:
+    """Assert the run keeps no wait or message record, and no outcome but the
+    signals it never applied (``kept``: their signal ids), which answer their senders."""
+    assert sorted(o.signal_id or "" for o in app.store.outcomes(run_id)) == sorted(kept)
     assert app.store.waits(app.name, run_id) == []
     for channel in channels:
         assert app.store.next_message(run_id, channel, 0) is None
@@ -381,15 +382,19 @@ def test_a_repeat_returns_the_original_receipt_and_another_signal_is_kept_for_th
 
     with app.worker(**WORKER):
         assert app.handle(rid).result(timeout=LIMIT) == {"branch": "signaled", "payload": {"v": 1}}
-    # The run ended and its outcome record is gone; the journal still answers
-    # a sender's retry with the original receipt, and refuses any other.
-    assert not app.store.outcomes(rid)
+    # The run ended and the applied outcome's record is gone; the journal still
+    # answers a sender's retry with the original receipt, and refuses any other.
+    assert [o.name for o in app.store.outcomes(rid)] == ["go#2"]  # never applied: kept
     assert app.signal(rid, "go", {"v": 1}, signal_id="s-1") == first
-    # The second signal was never waited for: it ended with the run, unapplied.
-    for signal_id in ("s-9", "s-2"):
-        with pytest.raises(perdure.WaitSettled) as refused_after:
-            app.signal(rid, "go", {"v": 1}, signal_id=signal_id)
-        assert refused_after.value.receipt == first
+    # The second signal was never waited for: it ended with the run, unapplied,
+    # and its sender's retry still gets its receipt.
+    assert app.signal(rid, "go", {"v": 1}, signal_id="s-2") == second
+    with pytest.raises(perdure.WaitSettled) as refused_after:
+        app.signal(rid, "go", {"v": 1}, signal_id="s-9")
+    assert refused_after.value.receipt == second  # the latest wait on the name
+    with pytest.raises(perdure.WaitSettled) as refused_first:
+        app.signal(rid, "go#1", {"v": 1}, signal_id="s-9")
+    assert refused_first.value.receipt == first
 
 
 def test_a_signal_after_the_deadline_is_refused_and_the_run_times_out(
@@ -419,7 +424,8 @@ def test_a_signal_after_the_deadline_is_refused_and_the_run_times_out(
         assert settled.value.receipt == timed_out
     assert app.waits(rid) == []
     # A later signal on the name is kept for a second wait, which this run never makes.
-    assert app.signal(rid, "go", "for the next wait").wait_id == f"{rid}/go#2"
+    kept = app.signal(rid, "go", "for the next wait", signal_id="next-1")
+    assert kept.wait_id == f"{rid}/go#2"
 
     with app.worker(**WORKER):
         assert app.handle(rid).result(timeout=LIMIT) == {"branch": "timed_out"}
@@ -432,9 +438,11 @@ def test_a_signal_after_the_deadline_is_refused_and_the_run_times_out(
         "at": timed_out.at.isoformat(),
     }
     with pytest.raises(perdure.WaitSettled) as after_end:
-        app.signal(rid, "go", "after the end", signal_id="late-1")
+        app.signal(rid, "go#1", "after the end", signal_id="late-1")
     assert after_end.value.receipt == timed_out
-    no_records(app, rid)
+    # The signal kept for a second wait was never applied: it answers its sender.
+    assert app.signal(rid, "go", "for the next wait", signal_id="next-1") == kept
+    no_records(app, rid, kept=("next-1",))
 
 
 def test_a_signal_just_before_the_deadline_wins_over_it(
@@ -493,8 +501,11 @@ def test_a_cancel_after_the_signal_still_cancels_the_run(
     assert app.cancel(rid) is True
     info = app.get(rid)
     assert (info.state, info.result) == ("canceled", None)
-    with pytest.raises(perdure.RunFinished):
-        app.signal(rid, "go", "yes", signal_id="s")
+    # The receipt once given is still the answer to its sender's retry.
+    assert app.signal(rid, "go", "yes", signal_id="s") == receipt
+    with pytest.raises(perdure.WaitSettled) as settled:
+        app.signal(rid, "go", "no", signal_id="t")
+    assert settled.value.receipt == receipt
     with app.worker(**WORKER):
         with pytest.raises(perdure.RunFailed) as failed:
             app.handle(rid).result(timeout=LIMIT)
@@ -503,7 +514,10 @@ def test_a_cancel_after_the_signal_still_cancels_the_run(
     assert journal(app, rid) == [(1, "wait", "go", "started")]
     assert "outcome_applied" not in kinds(app, rid)
     assert receipt.outcome == "signaled"
-    no_records(app, rid)
+    no_records(app, rid, kept=("s",))
+    app.store.sweep()
+    no_records(app, rid, kept=("s",))
+    assert app.signal(rid, "go", "yes", signal_id="s") == receipt
 
 
 def test_a_canceled_outcome_refuses_signals_and_cancels_the_run(

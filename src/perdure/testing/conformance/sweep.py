@@ -67,17 +67,25 @@ class SweepTests(Suite):
         assert get(store, run.run_id).state == "queued"
         assert store.sweep() == 0
 
-    def test_sweep_leaves_no_records_of_ended_runs(
+    def test_sweep_leaves_no_records_of_ended_runs_but_their_unapplied_signals(
         self, store: port.Store, clock: clocks.FakeClock
     ) -> None:
         run = start(store)
         claim = claim_run(store, run).claim
         assert store.send(port.NewMessage(run.run_id, "inbox", "m", "1"))
-        store.settle_wait(run.run_id, "x", signaled(run.run_id, "x", clock.now()))
-        store.finish(claim, [], state="succeeded", result="1")
+        now = clock.now()
+        applied = signaled(run.run_id, "y", now, signal_id="sig-y")
+        store.settle_wait(run.run_id, "x", signaled(run.run_id, "x", now))
+        store.settle_wait(run.run_id, "y", applied)
+        timed_out = port.Outcome(run.run_id, "z", "timed_out", None, None, None, now)
+        store.settle_wait(run.run_id, "z", timed_out)
+        child = port.Outcome(run.run_id, "child:c1", "signaled", None, '"r"', None, now)
+        store.settle_wait(run.run_id, "child:c1", child)
+        store.finish(claim, [entry(1, "ok", name="y", kind="wait")], state="succeeded", result="1")
         store.sweep()
         assert store.sweep() == 0
-        assert store.outcomes(run.run_id) == []
+        # Only the signal the run never applied is kept, to answer its sender.
+        assert [(o.name, o.signal_id) for o in store.outcomes(run.run_id)] == [("x", "sig-1")]
         assert store.waits(APP) == []
         assert store.next_message(run.run_id, "inbox", 0) is None
 

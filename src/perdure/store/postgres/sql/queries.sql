@@ -548,7 +548,14 @@ LIMIT 1;
 WITH waits_gone AS (
     DELETE FROM perdure.waits WHERE run_id = ANY(%(run_ids)s::text[])
 ), outcomes_gone AS (
-    DELETE FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[])
+    -- A signal the run never applied keeps its record: its sender's retry is
+    -- answered with the receipt it was given (an applied one is in the journal).
+    DELETE FROM perdure.outcomes AS o WHERE o.run_id = ANY(%(run_ids)s::text[])
+      AND NOT (o.outcome = 'signaled' AND o.signal_id IS NOT NULL AND NOT EXISTS (
+          SELECT 1 FROM perdure.journal AS j
+          WHERE j.run_id = o.run_id AND j.kind = 'wait' AND j.name = o.name
+            AND j.status <> 'started'
+      ))
 )
 DELETE FROM perdure.messages WHERE run_id = ANY(%(run_ids)s::text[]);
 
@@ -674,6 +681,15 @@ WITH waits_gone AS (
         SELECT 1 FROM perdure.runs AS r
         WHERE r.run_id = x.run_id
           AND r.state NOT IN ('succeeded', 'failed', 'canceled')
+    ) AND NOT (
+        -- an ended run's unapplied signal, kept to answer its sender (see end_cleanup)
+        x.outcome = 'signaled' AND x.signal_id IS NOT NULL
+        AND EXISTS (SELECT 1 FROM perdure.runs AS r WHERE r.run_id = x.run_id)
+        AND NOT EXISTS (
+            SELECT 1 FROM perdure.journal AS j
+            WHERE j.run_id = x.run_id AND j.kind = 'wait' AND j.name = x.name
+              AND j.status <> 'started'
+        )
     )
     RETURNING 1
 ), messages_gone AS (

@@ -419,8 +419,15 @@ ORDER BY sequence
 LIMIT 1;
 
 -- name: end_cleanup
+-- A signal the run never applied keeps its record: its sender's retry is
+-- answered with the receipt it was given (an applied one is in the journal).
 DELETE FROM waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
-DELETE FROM outcomes WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM outcomes WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+  AND NOT (outcome = 'signaled' AND signal_id IS NOT NULL AND NOT EXISTS (
+      SELECT 1 FROM journal AS j
+      WHERE j.run_id = outcomes.run_id AND j.kind = 'wait' AND j.name = outcomes.name
+        AND j.status <> 'started'
+  ));
 DELETE FROM messages WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
 -- name: cancel_open_waits
@@ -527,6 +534,15 @@ DELETE FROM waits WHERE NOT EXISTS (
 DELETE FROM outcomes WHERE NOT EXISTS (
     SELECT 1 FROM runs AS r
     WHERE r.run_id = outcomes.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
+) AND NOT (
+    -- an ended run's unapplied signal, kept to answer its sender (see end_cleanup)
+    outcome = 'signaled' AND signal_id IS NOT NULL
+    AND EXISTS (SELECT 1 FROM runs AS r WHERE r.run_id = outcomes.run_id)
+    AND NOT EXISTS (
+        SELECT 1 FROM journal AS j
+        WHERE j.run_id = outcomes.run_id AND j.kind = 'wait' AND j.name = outcomes.name
+          AND j.status <> 'started'
+    )
 );
 DELETE FROM messages WHERE NOT EXISTS (
     SELECT 1 FROM runs AS r
