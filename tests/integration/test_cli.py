@@ -453,10 +453,13 @@ def test_worker_runs_what_start_starts(shop: Shop, worker: subprocess.Popen[str]
         "signal", run_id, "approve", "--payload", '{"ok": true}', "--signal-id", "s1", "--json"
     )
     assert repeat.exit_code == 0 and as_json(repeat) == receipt
-    other = run("signal", run_id, "approve", "--payload", "false", "--signal-id", "s2")
+    # Named exactly ("approve#1": the first wait on the name), a settled wait
+    # refuses, whether the run has applied it yet or ended; the bare name
+    # would keep the signal for a second wait.
+    other = run("signal", run_id, "approve#1", "--payload", "false", "--signal-id", "s2")
     one_error_line(other, 1)
     assert "s1" in other.stdout  # the stored receipt is printed
-    other_json = run("signal", run_id, "approve", "--signal-id", "s2", "--json")
+    other_json = run("signal", run_id, "approve#1", "--signal-id", "s2", "--json")
     one_error_line(other_json, 1)
     assert as_json(other_json)["receipt"] == receipt
     assert _wait_for_state(run_id, "succeeded")["result"] == {"ok": True}

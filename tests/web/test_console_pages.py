@@ -108,7 +108,9 @@ def test_actions_show_the_engines_answer(world: World) -> None:
     assert signaled.status_code == 200 and "signaled" in signaled.text
     refused = http.post(
         f"/runs/{world.waiting}/actions/signal",
-        data={"csrf": token, "name": "approve", "payload": "1", "signal_id": "s2"},
+        # The first wait, named exactly: settled, so refused (the bare name would
+        # keep the signal for a second wait).
+        data={"csrf": token, "name": "approve#1", "payload": "1", "signal_id": "s2"},
     )
     assert refused.status_code == 409 and "wait_settled" in refused.text
     bad_json = http.post(
