@@ -66,11 +66,14 @@ class App:
         clock: port.Clock | None = None,
         ledger_limit: int = DEFAULT_LEDGER_LIMIT,
         max_failures: int = 8,
+        payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT,
     ) -> None:
         if not _NAME.match(name):
             raise errors.InvalidInput(f"app name {name!r} must be a short identifier")
         if max_failures < 1:
             raise errors.InvalidInput(f"max_failures must be at least 1, got {max_failures}")
+        if payload_limit < 1:
+            raise errors.InvalidInput(f"payload_limit must be at least 1, got {payload_limit}")
         self.name = name
         # A store object (an adapter of your own, or a test wrapper) is used
         # as given; a URL is opened on first use.
@@ -78,6 +81,7 @@ class App:
         self.clock = clock
         self.ledger_limit = ledger_limit
         self.max_failures = max_failures
+        self.payload_limit = payload_limit
         self._workflows: dict[str, registry.WorkflowDef] = {}
         self._store: port.Store | None = None if isinstance(store, str | None) else store
         self._store_given = self._store is not None
@@ -107,7 +111,9 @@ class App:
     def client(self) -> client_api.Client:
         """The app's client: the calls that need no workflow code."""
         if self._client is None:
-            self._client = client_api.Client(self.store, self.name)
+            self._client = client_api.Client(
+                self.store, self.name, payload_limit=self.payload_limit
+            )
         return self._client
 
     def close(self) -> None:

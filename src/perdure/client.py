@@ -116,9 +116,14 @@ class RunHandle(Generic[R]):
 class Client:
     """Start, inspect and steer an app's runs through its store."""
 
-    def __init__(self, store: port.Store, app: str) -> None:
+    def __init__(
+        self, store: port.Store, app: str, *, payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT
+    ) -> None:
+        if payload_limit < 1:
+            raise errors.InvalidInput(f"payload_limit must be at least 1, got {payload_limit}")
         self.store = store
         self.app = app
+        self.payload_limit = payload_limit
 
     # -- runs -----------------------------------------------------------------
 
@@ -143,7 +148,11 @@ class Client:
         """
         if key is not None:
             codec.check_text("a run key", key)
-        text = codec.encode({"args": list(args), "kwargs": kwargs or {}}, envelope=2)
+        text = codec.check_size(
+            codec.encode({"args": list(args), "kwargs": kwargs or {}}, envelope=2),
+            self.payload_limit,
+            "the run's input",
+        )
         new = port.NewRun(
             run_id=uuid.uuid4().hex,
             app=self.app,
@@ -253,7 +262,7 @@ class Client:
         if run.state in port.TERMINAL_STATES:
             return signals.ended_answer(self.store, run, name, signal_id)
         try:
-            return signals.deliver(self.store, run, name, payload, signal_id)
+            return signals.deliver(self.store, run, name, payload, signal_id, self.payload_limit)
         except errors.RunFinished:
             # The run ended after it was read: its journal answers, as above.
             return signals.ended_answer(self.store, self._run(run_id), name, signal_id)
@@ -265,7 +274,8 @@ class Client:
         run = self._run(run_id)
         if run.state in port.TERMINAL_STATES:
             raise errors.RunFinished(run_id, run.state)
-        return self.store.send(port.NewMessage(run_id, channel, key, codec.encode(payload)))
+        text = codec.check_size(codec.encode(payload), self.payload_limit, "the message")
+        return self.store.send(port.NewMessage(run_id, channel, key, text))
 
     def _settle_expired(self, waits: list[port.WaitRecord]) -> list[port.WaitRecord]:
         """Settle expired signal waits as timed out (and wake runs past a receive's
@@ -380,7 +390,9 @@ class Client:
                 "step",
                 step,
                 "ok",
-                journal.Value(output).encode(),
+                codec.check_size(
+                    journal.Value(output).encode(), self.payload_limit, "the resolved output"
+                ),
                 attempt=entry.attempt,
             )
             self.store.resolve(

@@ -85,6 +85,25 @@ def check_depth(text: str, limit: int = MAX_DEPTH) -> None:
         raise errors.InvalidPayload(f"the value nests more than {MAX_DEPTH} arrays or objects deep")
 
 
+DEFAULT_PAYLOAD_LIMIT = 2 * 1024 * 1024
+"""The largest payload an app stores, in bytes of its JSON text (2 MiB)."""
+
+
+def check_size(text: str, limit: int, what: str) -> str:
+    """Return ``text`` if it fits ``limit`` bytes (UTF-8), else refuse it.
+
+    Raises:
+        errors.PayloadTooLarge: it does not fit.
+    """
+    # A character is at most 4 bytes: short texts need no encoding to measure.
+    if len(text) * 4 <= limit:
+        return text
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise errors.PayloadTooLarge(what, size, limit)
+    return text
+
+
 def check_text(what: str, value: Any, *, limit: int = 512) -> str:
     """Return ``value`` if both stores can hold it as a name or key, else refuse it.
 

@@ -293,6 +293,7 @@ class Context:
         # A caller's key is scoped to this parent, so two parents never share a child.
         child_key = f"{self.run_id}/{key or self._cursor.position}"
         text = codec.encode({"args": list(args), "kwargs": kwargs}, envelope=2)
+        codec.check_size(text, self._runtime.payload_limit, f"the input of child {name}")
         [run_id] = self._runtime.create_children([NewChild(name, version, text, child_key)])
         self._record("child", name, journal.ChildStarted(run_id).encode())
         return ChildHandle(run_id, self, hint)
@@ -314,6 +315,7 @@ class Context:
                 continue
             position = self._cursor.position
             text = codec.encode({"args": [item], "kwargs": {}}, envelope=2)
+            codec.check_size(text, self._runtime.payload_limit, f"the input of child {name}")
             child = NewChild(name, version, text, f"{self.run_id}/{position}")
             fresh.append((len(run_ids), position, child))
             run_ids.append(child.key)

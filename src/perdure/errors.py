@@ -6,6 +6,7 @@ The tree::
     ├── InvalidInput (+ ValueError)          invalid_input
     │   ├── LeaseTimingInvalid               lease_timing_invalid
     │   ├── InvalidPayload                   invalid_payload
+    │   │   └── PayloadTooLarge              payload_too_large
     │   ├── InvalidStoreURL                  invalid_store_url
     │   ├── ImportFailed                     import_failed     (MODULE:APP does not import)
     │   └── AppNotFound                      app_not_found     (MODULE:APP names no App)
@@ -77,6 +78,7 @@ __all__ = [
     "NonDeterminism",
     "NotCanceled",
     "NotResolvable",
+    "PayloadTooLarge",
     "PerdureError",
     "ResultTimeout",
     "RunFailed",
@@ -133,6 +135,20 @@ class InvalidPayload(InvalidInput):
     """A payload is not a JSON value or does not match its declared type."""
 
     code = "invalid_payload"
+
+
+class PayloadTooLarge(InvalidPayload):
+    """A payload is larger than its app's limit; nothing was stored."""
+
+    code = "payload_too_large"
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"{what} is {size:,} bytes of JSON, over the limit of {limit:,} bytes "
+            "(App(payload_limit=...))"
+        )
 
 
 class InvalidStoreURL(InvalidInput):

@@ -137,6 +137,10 @@ class Execution:
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
         return self.host.registry.workflow_ref(workflow)
 
+    @property
+    def payload_limit(self) -> int:
+        return self.host.registry.payload_limit
+
     def now(self) -> datetime:
         now: datetime = self._guarded(self.store.now)
         return now
@@ -397,7 +401,9 @@ class Execution:
                 self._settle(exc)
                 return None
             try:
-                text = codec.encode(result)
+                text = codec.check_size(
+                    codec.encode(result), self.payload_limit, "the workflow's result"
+                )
             except errors.InvalidPayload as exc:
                 self._finish("failed", error=_error(exc.code, str(exc)))
                 return None

@@ -38,6 +38,7 @@ class Registry(Protocol):
 
     name: str
     max_failures: int
+    payload_limit: int
 
     def workflow_def(self, name: str) -> WorkflowDef | None: ...
 

@@ -99,7 +99,12 @@ def _answer(stored: port.Outcome, created: bool, sent_id: str) -> records.Receip
 
 
 def deliver(
-    store: port.Store, run: port.Run, name: str, payload: Any, signal_id: str | None
+    store: port.Store,
+    run: port.Run,
+    name: str,
+    payload: Any,
+    signal_id: str | None,
+    payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT,
 ) -> records.Receipt:
     """Settle the wait ``name`` names on a live run; return the receipt.
 
@@ -125,7 +130,7 @@ def deliver(
         # applied, so the sender is shown how its last wait on the name ended.
         latest = receipt(max(mine, key=lambda o: index_of(base, o.name) or 0))
         raise errors.WaitSettled(f"wait {latest.wait_id} was already {latest.outcome}", latest)
-    text = codec.encode(payload)
+    text = codec.check_size(codec.encode(payload), payload_limit, "the signal's payload")
     digest = codec.digest(text)
     taken = {index_of(base, o.name) for o in mine}
     index = 1

@@ -67,6 +67,10 @@ def unreadable(run_id: str, entry: journal.Entry, exc: Exception) -> Halt:
 class Runtime(Protocol):
     """What a step call needs from the execution it runs in."""
 
+    @property
+    def payload_limit(self) -> int:
+        """The largest output a step may record, in bytes of JSON."""
+
     def check(self) -> None:
         """Raise if the run must stop (lease lost, canceled, worker stopping).
 
@@ -189,6 +193,7 @@ class StepCall:
     def succeeded(self, value: Any) -> Any:
         try:
             text = journal.Value(value).encode()
+            codec.check_size(text, self.runtime.payload_limit, f"the output of step {self.key}")
         except errors.InvalidPayload as exc:
             self.failed(exc, final=True)
             raise  # failed() always raises here

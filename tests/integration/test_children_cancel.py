@@ -124,6 +124,7 @@ class Hiding:
         self._hidden = set(hidden)
         self.name = app.name
         self.max_failures = app.max_failures
+        self.payload_limit = app.payload_limit
 
     def workflow_def(self, name: str) -> Any:
         return self._app.workflow_def(name)

@@ -38,6 +38,7 @@ class FakeRuntime:
         self.outcomes = {o.name: o for o in outcomes}
         self.messages = list(messages)
         self.children: list[context.NewChild] = []
+        self.payload_limit = 2 * 1024 * 1024
 
     # -- what steps need ----------------------------------------------------------
 
