@@ -20,6 +20,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
 
+# How long ended runs are kept before a worker's sweep deletes them.
+DEFAULT_RETENTION = timedelta(days=30)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -67,6 +69,7 @@ class App:
         ledger_limit: int = DEFAULT_LEDGER_LIMIT,
         max_failures: int = 8,
         payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT,
+        retention: timedelta | None = DEFAULT_RETENTION,
     ) -> None:
         if not _NAME.match(name):
             raise errors.InvalidInput(f"app name {name!r} must be a short identifier")
@@ -74,6 +77,8 @@ class App:
             raise errors.InvalidInput(f"max_failures must be at least 1, got {max_failures}")
         if payload_limit < 1:
             raise errors.InvalidInput(f"payload_limit must be at least 1, got {payload_limit}")
+        if retention is not None and retention <= timedelta(0):
+            raise errors.InvalidInput(f"retention must be positive or None, got {retention}")
         self.name = name
         # A store object (an adapter of your own, or a test wrapper) is used
         # as given; a URL is opened on first use.
@@ -82,6 +87,7 @@ class App:
         self.ledger_limit = ledger_limit
         self.max_failures = max_failures
         self.payload_limit = payload_limit
+        self.retention = retention
         self._workflows: dict[str, registry.WorkflowDef] = {}
         self._store: port.Store | None = None if isinstance(store, str | None) else store
         self._store_given = self._store is not None

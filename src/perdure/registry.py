@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from perdure import context
@@ -39,6 +40,7 @@ class Registry(Protocol):
     name: str
     max_failures: int
     payload_limit: int
+    retention: timedelta | None
 
     def workflow_def(self, name: str) -> WorkflowDef | None: ...
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from perdure import clockwatch, context, errors, keeper
 from perdure import execution as execution_api
 from perdure.registry import Registry, WorkflowDef
-from perdure.store import port
+from perdure.store import port, retention
 
 log = logging.getLogger("perdure.worker")
 
@@ -38,6 +38,8 @@ log = logging.getLogger("perdure.worker")
 _KEEPER_START = 30.0
 # The longest pause between claims while the store keeps failing.
 _MAX_CLAIM_BACKOFF = 30.0
+# Runs deleted per sweep at most: pruning a big store never holds claims for long.
+_PRUNE_BATCH = 500
 
 
 # Defined with the execution that uses it; named here for callers.
@@ -349,6 +351,7 @@ class Worker:
                 if time.monotonic() - last_sweep >= self.sweep_interval:
                     last_sweep = time.monotonic()
                     self.store.sweep()
+                    self._prune()
                 claimed = self.store.claim(
                     self.registry.name,
                     self.worker_id,
@@ -378,6 +381,17 @@ class Worker:
                 self._dispatch(item)
             if not claimed:
                 self.store.wait_ready(self._idle_timeout())
+
+    def _prune(self) -> None:
+        """Delete one bounded batch of the app's runs that ended before its retention."""
+        kept = self.registry.retention
+        if kept is None or not isinstance(self.store, retention.PrunableStore):
+            return
+        pruned = self.store.prune(self.registry.name, self.store.now() - kept, _PRUNE_BATCH)
+        if pruned:
+            log.info(
+                "worker %s: pruned %d runs that ended over %s ago", self.worker_id, pruned, kept
+            )
 
     def _watch_clock(self) -> None:
         """Read the store's clock when due; warn when it stepped forward."""

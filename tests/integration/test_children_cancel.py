@@ -125,6 +125,7 @@ class Hiding:
         self.name = app.name
         self.max_failures = app.max_failures
         self.payload_limit = app.payload_limit
+        self.retention = app.retention
 
     def workflow_def(self, name: str) -> Any:
         return self._app.workflow_def(name)

@@ -26,7 +26,14 @@ SRC = Path(perdure.__file__).parent
 # Engine and interfaces, lowest layer first; each layer maps group -> modules.
 LAYERS: list[dict[str, set[str]]] = [
     {"base": {"perdure.errors", "perdure.records"}},
-    {"port": {"perdure.store.port", "perdure.store.tokens", "perdure.store.pages"}},
+    {
+        "port": {
+            "perdure.store.port",
+            "perdure.store.tokens",
+            "perdure.store.pages",
+            "perdure.store.retention",
+        }
+    },
     {
         "values": {
             "perdure.codec",

@@ -2,7 +2,7 @@
 
 One module per command group: ``workers`` (worker), ``runs`` (start, runs,
 show), ``signals`` (signal, send, waits, resume), ``operators`` (cancel,
-resolve, fork), ``migrate``, ``demo``, ``tokens`` and ``console`` (the web
+resolve, fork), ``retention`` (prune), ``migrate``, ``demo``, ``tokens`` and ``console`` (the web
 console, an optional extra); ``common`` and ``output`` hold what
 they share. Only ``worker`` and ``start`` import user code (``MODULE:APP``); every other
 command works from the store alone, through a :class:`~perdure.client.Client`.
@@ -21,7 +21,18 @@ from __future__ import annotations
 
 import click
 
-from perdure.cli import console, demo, migrate, operators, output, runs, signals, tokens, workers
+from perdure.cli import (
+    console,
+    demo,
+    migrate,
+    operators,
+    output,
+    retention,
+    runs,
+    signals,
+    tokens,
+    workers,
+)
 
 
 @click.group(
@@ -47,6 +58,7 @@ for command in (
     operators.cancel,
     operators.resolve,
     operators.fork,
+    retention.prune,
     migrate.migrate,
     demo.demo,
     tokens.tokens,

@@ -2,7 +2,8 @@
 
 :class:`SurfaceTransitions` adds to an SQL adapter the port sections the
 console and the HTTP API need: access tokens (:mod:`perdure.store.tokens`)
-and keyset pages of runs (:mod:`perdure.store.pages`). Each operation is one
+and keyset pages of runs (:mod:`perdure.store.pages`);
+:class:`RetentionTransitions` the pruning of :mod:`perdure.store.retention`. Each operation is one
 transaction (or one statement) over the adapter's named queries, listed in
 ``docs/store.md``.
 """
@@ -13,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from perdure import errors
-from perdure.store import pages, port, rows, tokens, transitions
+from perdure.store import pages, port, retention, rows, tokens, transitions
 
 C = TypeVar("C")
 
@@ -139,3 +140,33 @@ class SurfaceTransitions(transitions.Transitions[C]):
             lambda cur: self._exec(cur, "has_tokens", app=app).fetchone(), single=True
         )
         return bool(row is not None and row["found"])
+
+
+class RetentionTransitions(transitions.Transitions[C]):
+    """Pruning, written once over the adapters' named queries."""
+
+    def prune(self, app: str, ended_before: datetime, limit: int = 500) -> int:
+        """Delete up to ``limit`` of the app's runs that ended before ``ended_before``.
+
+        Raises:
+            errors.InvalidInput: ``limit`` below 1, or a naive ``ended_before``.
+        """
+        if limit < 1:
+            raise errors.InvalidInput(f"limit must be at least 1, got {limit}")
+        if ended_before.tzinfo is None or ended_before.utcoffset() is None:
+            raise errors.InvalidInput("ended_before must be an aware datetime")
+
+        def work(cur: C) -> int:
+            picked: list[str] = []
+            for state in retention.PRUNABLE_STATES:
+                left = limit - len(picked)
+                if left <= 0:
+                    break
+                params = {"app": app, "state": state, "before": ended_before, "limit": left}
+                picked += [r["run_id"] for r in self._exec(cur, "prune_pick", **params)]
+            if not picked:
+                return 0
+            gone = self._exec(cur, "prune_runs", run_ids=picked).fetchall()
+            return len(gone)
+
+        return self._transact(work)

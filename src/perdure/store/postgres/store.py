@@ -53,7 +53,11 @@ class _BodyRaised(Exception):
         self.original = original
 
 
-class PostgresStore(connection.Connections, surface.SurfaceTransitions[Cursor]):
+class PostgresStore(
+    connection.Connections,
+    surface.SurfaceTransitions[Cursor],
+    surface.RetentionTransitions[Cursor],
+):
     """The port on PostgreSQL (see the module docstring)."""
 
     read = rows.Reader(rows.NATIVE)

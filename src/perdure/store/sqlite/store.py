@@ -35,7 +35,11 @@ Cursor = connection.Tx
 _MIN_SQLITE = (3, 35, 0)
 
 
-class SqliteStore(connection.Connections, surface.SurfaceTransitions[Cursor]):
+class SqliteStore(
+    connection.Connections,
+    surface.SurfaceTransitions[Cursor],
+    surface.RetentionTransitions[Cursor],
+):
     """A :class:`port.Store` on one SQLite database file."""
 
     read = rows.Reader(rows.MICROSECONDS)

@@ -62,6 +62,7 @@ from perdure.testing.conformance.journal import JournalTests
 from perdure.testing.conformance.ledger import LedgerTests
 from perdure.testing.conformance.lifecycle import LifecycleTests
 from perdure.testing.conformance.operators import OperatorTests
+from perdure.testing.conformance.retention import RetentionTests
 from perdure.testing.conformance.runs import RunTests
 from perdure.testing.conformance.surface import PageTests, TokenTests
 from perdure.testing.conformance.sweep import SweepTests
@@ -90,6 +91,7 @@ class StoreConformance(
     SweepTests,
     TokenTests,
     PageTests,
+    RetentionTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 

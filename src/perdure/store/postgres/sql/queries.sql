@@ -766,3 +766,33 @@ SELECT EXISTS (
     WHERE app = %(app)s AND revoked_at IS NULL
       AND (expires_at IS NULL OR expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
 ) AS found;
+
+-- name: prune_pick
+-- Runs of one ended state that ended before :before, oldest created first,
+-- served by runs_page_state (app, state, created_at, run_id). A run ends after
+-- it is created, so created_at < :before bounds the range. Locked, skipping
+-- runs another transaction holds.
+SELECT run_id FROM perdure.runs
+WHERE app = %(app)s AND state = %(state)s
+  AND created_at < %(before)s::timestamptz AND updated_at < %(before)s::timestamptz
+ORDER BY created_at, run_id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: prune_runs
+-- Everything recorded for the picked runs, then the runs, checked again to
+-- have ended.
+WITH journal_gone AS (
+    DELETE FROM perdure.journal WHERE run_id = ANY(%(run_ids)s::text[])
+), ledger_gone AS (
+    DELETE FROM perdure.ledger WHERE run_id = ANY(%(run_ids)s::text[])
+), waits_gone AS (
+    DELETE FROM perdure.waits WHERE run_id = ANY(%(run_ids)s::text[])
+), outcomes_gone AS (
+    DELETE FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[])
+), messages_gone AS (
+    DELETE FROM perdure.messages WHERE run_id = ANY(%(run_ids)s::text[])
+)
+DELETE FROM perdure.runs
+WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('succeeded', 'failed', 'canceled')
+RETURNING run_id;

@@ -604,3 +604,25 @@ SELECT EXISTS (
     SELECT 1 FROM tokens
     WHERE app = :app AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > :now)
 ) AS found;
+
+-- name: prune_pick
+-- Runs of one ended state that ended before :before, oldest created first,
+-- served by runs_page_state (app, state, created_at, run_id). A run ends after
+-- it is created, so created_at < :before bounds the range.
+SELECT run_id FROM runs
+WHERE app = :app AND state = :state AND created_at < :before AND updated_at < :before
+ORDER BY created_at, run_id
+LIMIT :limit;
+
+-- name: prune_runs
+-- Everything recorded for the picked runs, then the runs, checked again to
+-- have ended (the pick and this run in one write transaction).
+DELETE FROM journal WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM ledger WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM outcomes WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM messages WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM runs
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+  AND state IN ('succeeded', 'failed', 'canceled')
+RETURNING run_id;
