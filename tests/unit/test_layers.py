@@ -26,19 +26,20 @@ SRC = Path(perdure.__file__).parent
 # Engine and interfaces, lowest layer first; each layer maps group -> modules.
 LAYERS: list[dict[str, set[str]]] = [
     {"base": {"perdure.errors", "perdure.records"}},
-    {"port": {"perdure.store.port"}},
+    {"port": {"perdure.store.port", "perdure.store.liveport"}},
     {
         "values": {
             "perdure.codec",
             "perdure.effects",
             "perdure.journal",
+            "perdure.live",
             "perdure.validation",
             "perdure.replay",
             "perdure.plans",
             "perdure.clockwatch",
         }
     },
-    {"steps": {"perdure.steps"}, "client": {"perdure.client"}},
+    {"steps": {"perdure.steps"}, "client": {"perdure.client", "perdure.liveclient"}},
     {"context": {"perdure.context"}},
     {"registry": {"perdure.registry"}},
     {"execution": {"perdure.execution"}, "keeper": {"perdure.keeper"}},

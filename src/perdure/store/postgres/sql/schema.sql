@@ -124,6 +124,22 @@ CREATE TABLE perdure.messages (
 -- Delivery order within a channel.
 CREATE UNIQUE INDEX messages_order ON perdure.messages (run_id, channel, sequence);
 
+CREATE TABLE perdure.updates (
+    run_id text NOT NULL,
+    update_id text NOT NULL,
+    name text NOT NULL,
+    sequence bigint NOT NULL,
+    payload text NOT NULL,
+    state text NOT NULL,
+    response text,
+    at timestamptz NOT NULL,
+    settled_at timestamptz,
+    PRIMARY KEY (run_id, update_id)
+);
+
+-- Delivery order of one name, the order a run consumes them in.
+CREATE UNIQUE INDEX updates_order ON perdure.updates (run_id, name, sequence);
+
 -- Aborts the statement that calls it: lets a single-statement write refuse
 -- (and so roll back) everything it did, without a transaction round trip.
 CREATE FUNCTION perdure.refuse(reason text) RETURNS integer

@@ -120,3 +120,19 @@ CREATE TABLE messages (
 
 -- Delivery order within a channel.
 CREATE UNIQUE INDEX messages_order ON messages (run_id, channel, sequence);
+
+CREATE TABLE updates (
+    run_id TEXT NOT NULL,
+    update_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL,
+    response TEXT,
+    at INTEGER NOT NULL,
+    settled_at INTEGER,
+    PRIMARY KEY (run_id, update_id)
+);
+
+-- Delivery order of one name, the order a run consumes them in.
+CREATE UNIQUE INDEX updates_order ON updates (run_id, name, sequence);
