@@ -61,6 +61,7 @@ from perdure.testing.conformance.harness import (
 from perdure.testing.conformance.journal import JournalTests
 from perdure.testing.conformance.ledger import LedgerTests
 from perdure.testing.conformance.lifecycle import LifecycleTests
+from perdure.testing.conformance.live import LiveTests
 from perdure.testing.conformance.operators import OperatorTests
 from perdure.testing.conformance.runs import RunTests
 from perdure.testing.conformance.sweep import SweepTests
@@ -87,6 +88,7 @@ class StoreConformance(
     OperatorTests,
     LedgerTests,
     SweepTests,
+    LiveTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 
