@@ -21,6 +21,7 @@ from perdure.testing.conformance.harness import (
     claim_run,
     entry,
     get,
+    run_processes,
     run_threads,
     start,
 )
@@ -142,8 +143,6 @@ class LiveTests(Suite):
     ) -> None:
         if not self.processes:
             pytest.skip("the adapter cannot be opened from another process")
-        from perdure.testing.conformance.harness import run_processes
-
         run = start(handle.store)
         common = (handle.opener, handle.url, clock.now(), handle.ledger_limit)
         found = run_processes(
