@@ -7,6 +7,7 @@ send the same update again or wait for an event. Every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
@@ -231,6 +232,8 @@ def test_get_event_is_woken_in_another_process(app: perdure.App, store_url: str)
         app.handle(run_id).result(timeout=LIMIT)
     assert app.events(run_id) == {"gate": "open"}
     assert app.get_event(run_id, "gate", timeout=0) == "open"
+    assert asyncio.run(app.aget_event(run_id, "gate", 0)) == "open"
+    assert asyncio.run(app.aevents(run_id)) == {"gate": "open"}
     with pytest.raises(perdure.RunEventMissing):
         app.get_event(run_id, "never", timeout=None)  # the run ended without it
 
@@ -278,6 +281,7 @@ def test_queries_need_no_worker_and_write_nothing(app: perdure.App, store_url: s
         "progress": [{"items": 1}, {"items": 2}],
     }
     assert app.query(run_id, "summary") == expected
+    assert asyncio.run(app.aquery(run_id, "item_count")) == 2
     assert Caller(store_url, "query", run_id, "summary").result() == {"ok": expected}
     with pytest.raises(perdure.UnknownQuery) as unknown:
         app.query(run_id, "nope")
