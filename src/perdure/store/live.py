@@ -44,8 +44,12 @@ class LiveTransitions(transitions.Transitions[C]):
             return
         run_ids = [r["run_id"] for r in ended]
         self._exec(cur, "updates_abandon", run_ids=run_ids)
-        # Readers of events and streams stop at a run's end, abandoned or not.
-        self._announce(cur, run_ids)
+        # Readers of events and streams stop at a run's end, and callers learn
+        # that their updates were abandoned. Only runs that have such readers
+        # are announced: on PostgreSQL every NOTIFY serializes commits.
+        followed = [r["run_id"] for r in self._exec(cur, "live_ended", run_ids=run_ids)]
+        if followed:
+            self._announce(cur, followed)
 
     # -- updates --------------------------------------------------------------------
 

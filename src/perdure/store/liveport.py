@@ -25,9 +25,10 @@ Rules every adapter keeps, on top of those of :mod:`perdure.store.port`:
   ``resolve``) its pending updates become ``abandoned`` in the same
   transaction; answered ones keep their response for the senders' retries.
 * Every transition that changes what a watcher waits for (a delivery, an
-  answer, an abandonment, a journal write made with ``record_live``, the end
-  of a run) is announced to :meth:`LiveStore.watch` watchers once it commits,
-  in this process and, for a store shared through a server, in every other.
+  answer, a journal write made with ``record_live``, the end of a run that
+  has updates, events or stream items) is announced to
+  :meth:`LiveStore.watch` watchers once it commits, in this process and, for
+  a store shared through a server, in every other.
 """
 
 from __future__ import annotations

@@ -734,6 +734,16 @@ UPDATE perdure.updates SET state = 'abandoned', settled_at = coalesce(%(now)s::t
 WHERE run_id = ANY(%(run_ids)s::text[]) AND state = 'pending'
 RETURNING run_id;
 
+-- name: live_ended
+-- Of runs that just ended, those someone may be following: with updates, or
+-- with events or stream items in their journal.
+SELECT r.run_id FROM unnest(%(run_ids)s::text[]) AS r(run_id)
+WHERE EXISTS (SELECT 1 FROM perdure.updates AS u WHERE u.run_id = r.run_id)
+   OR EXISTS (
+      SELECT 1 FROM perdure.journal AS j
+      WHERE j.run_id = r.run_id AND j.kind IN ('event', 'stream', 'stream_close')
+   );
+
 -- name: journal_after
 SELECT * FROM perdure.journal
 WHERE run_id = %(run_id)s AND position > %(after_position)s

@@ -581,5 +581,15 @@ UPDATE updates SET state = 'abandoned', settled_at = :now
 WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state = 'pending'
 RETURNING run_id;
 
+-- name: live_ended
+-- Of runs that just ended, those someone may be following: with updates, or
+-- with events or stream items in their journal.
+SELECT r.value AS run_id FROM json_each(:run_ids) AS r
+WHERE EXISTS (SELECT 1 FROM updates AS u WHERE u.run_id = r.value)
+   OR EXISTS (
+      SELECT 1 FROM journal AS j
+      WHERE j.run_id = r.value AND j.kind IN ('event', 'stream', 'stream_close')
+   );
+
 -- name: journal_after
 SELECT * FROM journal WHERE run_id = :run_id AND position > :after_position ORDER BY position;
