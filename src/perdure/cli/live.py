@@ -123,7 +123,7 @@ def events(run_id: str, store_url: str | None, as_json: bool) -> None:
 )
 @common.options
 def stream(run_id: str, key: str, after: int, store_url: str | None, as_json: bool) -> None:
-    """Follow a run's stream like ``tail -f``: print each item, exit when it closes.
+    """Follow a run's stream like tail -f: print each item, exit when it closes.
 
     Also exits when the run ends. Each item is printed on one line (with
     --json, one JSON value per line).
