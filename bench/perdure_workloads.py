@@ -82,6 +82,13 @@ def build(url: str) -> perdure.App:
             stamps.append(stamp(i))
         return stamps
 
+    @app.workflow(name="answers")
+    def answers(ctx: perdure.Context, n: int) -> int:
+        for _ in range(n):
+            upd = ctx.next_update("ask")
+            ctx.respond(upd, upd.payload)
+        return n
+
     @app.workflow(name="recovery")
     def recovery(ctx: perdure.Context, n: int) -> int:
         for i in range(1, n + 1):
@@ -362,6 +369,43 @@ def w5(db: common.Database) -> dict[str, Any]:
         "metrics": {"p50_ms": summ["p50"], "p99_ms": summ["p99"]},
         "detail": {"signals": count, "latency_ms": summ,
                    "negative": sum(1 for x in lat if x < 0)},
+    }
+
+
+# -- W9: update round trip -----------------------------------------------------------
+
+
+def w9(db: common.Database) -> dict[str, Any]:
+    """Caller -> answer: ``app.update`` against a run parked on ``next_update``."""
+    count = 50 if QUICK else 200
+    app = build(db.perdure_url)
+    _ = app.store
+    child = spawn_worker()
+    lat = []
+    try:
+        child.expect("ready")
+        child.send({"cmd": "go"})
+        child.expect("started")
+        handle = app.start("answers", count)
+        for i in range(count):
+            deadline = time.monotonic() + 30
+            while app.get(handle.run_id).state != "waiting":
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"run never parked before update {i}")
+                time.sleep(0.001)
+            t0 = time.perf_counter_ns()
+            answer = app.update(handle.run_id, "ask", i, update_id=f"u{i}", timeout=30)
+            lat.append((time.perf_counter_ns() - t0) / 1e6)
+            assert answer == i, answer
+            time.sleep(0.02)  # leave the worker alone while it parks again
+        handle.result(timeout=120)
+    finally:
+        child.stop()
+        app.close()
+    summ = common.summary(lat)
+    return {
+        "metrics": {"p50_ms": summ["p50"], "p99_ms": summ["p99"]},
+        "detail": {"updates": count, "latency_ms": summ},
     }
 
 
@@ -766,7 +810,9 @@ def w8(db: common.Database) -> dict[str, Any]:
     }
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8}
+WORKLOADS = {
+    "W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8, "W9": w9,
+}
 
 
 def main() -> None:

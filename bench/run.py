@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common
 
-ALL = ["FLOOR", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"]
+ALL = ["FLOOR", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"]
 DBOS_WORKLOADS = {"W1", "W2", "W3", "W5"}
 MODULES = {
     "floor": "floor.py",
@@ -329,6 +329,10 @@ def build_rows(results: dict[str, list[dict[str, Any]]], stores: list[str],
             dbos_key=f"W5/dbos/{s}", target="≤ 3 ms", check=lambda p, d, f: p <= 3)
         add(s, "W5", "signal → next step, p99 ms", f"W5/perdure/{s}", "p99_ms",
             dbos_key=f"W5/dbos/{s}", target="≤ 10 ms", check=lambda p, d, f: p <= 10)
+        # W9
+        add(s, "W9", "update → answer (round trip), p50 ms", f"W9/perdure/{s}", "p50_ms",
+            target="≤ 5 ms", check=lambda p, d, f: p <= 5)
+        add(s, "W9", "update → answer (round trip), p99 ms", f"W9/perdure/{s}", "p99_ms")
         # W6
         add(s, "W6", "new worker start → first resumed step, s", f"W6/perdure/{s}", "resume_s")
         add(s, "W6", "… of which the lease still had to run, s", f"W6/perdure/{s}",

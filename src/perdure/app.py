@@ -171,7 +171,7 @@ class App:
             positional = [p for p in inspect.signature(fn).parameters][1:]
             ordered = {p: params.get(p) for p in positional}
             is_async = inspect.iscoroutinefunction(fn)
-            self._workflows[wf_name] = registry.WorkflowDef(
+            definition = registry.WorkflowDef(
                 name=wf_name,
                 version=str(version),
                 fn=fn,
@@ -179,9 +179,10 @@ class App:
                 params=ordered,
                 returns=codec.return_hint(fn),
             )
+            self._workflows[wf_name] = definition
             fn.__perdure_workflow__ = wf_name  # type: ignore[attr-defined]
             kind = registry.AsyncWorkflow if is_async else registry.SyncWorkflow
-            return kind(fn, wf_name, str(version))
+            return kind(fn, wf_name, str(version), definition)
 
         return cast(registry.Register, register)
 
@@ -370,6 +371,64 @@ class App:
     aresolve = _ClientCall(client_api.Client.aresolve)
     achildren = _ClientCall(client_api.Client.achildren)
     ahistory = _ClientCall(client_api.Client.ahistory)
+
+    # -- talking to live runs -------------------------------------------------
+
+    def update(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Send the update ``name`` to a live run and return the run's answer.
+
+        The workflow's validator for ``name``, if this app registers one, runs
+        here first; see :meth:`perdure.client.Client.update` for the rest.
+
+        Raises:
+            errors.UpdateRejected: the validator raised; nothing was stored.
+            errors.UpdateAbandoned: the run ended without answering.
+            errors.UpdateTimedOut: no answer within ``timeout`` seconds.
+            errors.RunFinished: the run had already ended.
+        """
+        wf = self._workflows.get(self.client.get(run_id).workflow)
+        validator = wf.validators.get(name) if wf is not None else None
+        return self.client.update(run_id, name, payload, update_id, timeout, validator=validator)
+
+    def query(self, run_id: str, name: str) -> Any:
+        """Answer the workflow's query ``name`` about a run, from its durable journal.
+
+        Needs no worker and writes nothing.
+
+        Raises:
+            errors.UnknownQuery: the run's workflow has no such query here.
+            errors.QueryFailed: the query function raised.
+        """
+        view = self.client.view(run_id)
+        wf = self._workflows.get(view.workflow)
+        found = wf.queries.get(name) if wf is not None else None
+        if found is None:
+            known = sorted(wf.queries) if wf is not None else []
+            hint = f" (known: {', '.join(known)})" if known else ""
+            raise errors.UnknownQuery(
+                f"workflow {view.workflow} has no query named {name!r} in this app{hint}"
+            )
+        try:
+            return found(view)
+        except Exception as exc:
+            raise errors.QueryFailed(
+                f"query {name!r} of run {run_id} raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    aupdate = client_api.athread(update)
+    aquery = client_api.athread(query)
+    events = _ClientCall(client_api.Client.events)
+    get_event = _ClientCall(client_api.Client.get_event)
+    read_stream = _ClientCall(client_api.Client.read_stream)
+    aevents = _ClientCall(client_api.Client.aevents)
+    aget_event = _ClientCall(client_api.Client.aget_event)
 
     # -- workers --------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from perdure import codec, errors, journal, records, signals, validation
+from perdure import codec, errors, journal, liveclient, records, signals, validation
 from perdure.store import port
 
 P = ParamSpec("P")
@@ -113,8 +113,12 @@ class RunHandle(Generic[R]):
         return await asyncio.to_thread(self.result, timeout)
 
 
-class Client:
-    """Start, inspect and steer an app's runs through its store."""
+class Client(liveclient.LiveCalls):
+    """Start, inspect and steer an app's runs through its store.
+
+    The calls that talk to live runs (updates, events, streams) are
+    :class:`~perdure.liveclient.LiveCalls`'.
+    """
 
     def __init__(
         self, store: port.Store, app: str, *, payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT
@@ -534,3 +538,6 @@ class Client:
     aresume = athread(resume)
     acancel = athread(cancel)
     aresolve = athread(resolve)
+    aupdate = athread(liveclient.LiveCalls.update)
+    aevents = athread(liveclient.LiveCalls.events)
+    aget_event = athread(liveclient.LiveCalls.get_event)

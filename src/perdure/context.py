@@ -19,11 +19,11 @@ import contextvars
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from perdure import codec, errors, journal, records, replay, signals, steps
+from perdure import codec, errors, journal, live, records, replay, signals, steps
 
 _CURRENT: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "perdure_context", default=None
@@ -85,6 +85,15 @@ class Runtime(steps.Runtime, Protocol):
     def create_children(self, children: list[NewChild]) -> list[str]:
         """Create the child runs (fenced, in one write); return their run ids in order."""
 
+    def next_update(self, name: str, after_sequence: int) -> live.UpdateReceived | None:
+        """Return the first update named ``name`` after ``after_sequence``."""
+
+    def answer_update(self, entry: journal.Entry, update_id: str, response: str) -> None:
+        """Write ``entry`` (with what is buffered) and the update's answer, in one write."""
+
+    def record_live(self, entry: journal.Entry) -> None:
+        """Write ``entry`` (with what is buffered) now, for outside readers to see."""
+
 
 @dataclass
 class ChildHandle:
@@ -117,6 +126,15 @@ def _instant(text: str | None) -> datetime:
 _Recorded = type[journal.Instant] | type[journal.Random] | type[journal.Uuid]
 
 
+@dataclass
+class _LiveState:
+    """What one pass over the code has done so far with updates and streams."""
+
+    updates: dict[str, int] = field(default_factory=dict)  # name -> last sequence consumed
+    answered: set[str] = field(default_factory=set)
+    closed: set[str] = field(default_factory=set)
+
+
 class Context:
     """The handle a workflow function receives as its first argument."""
 
@@ -128,11 +146,13 @@ class Context:
         self._runtime = runtime
         self._cursor = cursor
         self._consumed: dict[str, int] = {}
+        self._live = _LiveState()
 
     def restart(self) -> None:
         """Prepare to run the code again from the top (after a park that did not happen)."""
         self._cursor.rewind()
         self._consumed.clear()
+        self._live = _LiveState()
 
     def bind(self) -> contextvars.Token[Context | None]:
         return _CURRENT.set(self)
@@ -363,3 +383,99 @@ class Context:
         """Run ``fn(connection, ...)`` inside the transaction that records its outcome."""
         fn = steps.unwrap(fn)
         return steps.run_transaction(self._step_call(fn), fn, args, kwargs)
+
+    # -- talking to the outside world -----------------------------------------------
+
+    def next_update(
+        self, name: str, timeout: timedelta | float | None = None, *, type: Any = None
+    ) -> records.Update:
+        """Return the oldest update named ``name`` this run has not consumed yet.
+
+        Pauses the run until one arrives. Answer it with :meth:`respond`; a run
+        that ends first leaves its sender with ``UpdateAbandoned``.
+
+        Raises:
+            errors.WaitTimedOut: no update arrived before the timeout.
+        """
+        if not name or "/" in name:
+            raise errors.InvalidInput(f"update name {name!r} must be non-empty, without '/'")
+        after = self._live.updates.get(name, 0)
+        done, deadline = self._open("update", name, timeout)
+        if done is None:
+            found = self._runtime.next_update(name, after)
+            position = self._cursor.position
+            if found is not None:
+                done = journal.Entry(position, "update", name, "ok", found.encode())
+                mark = journal.Mark("outcome_applied", name, codec.digest(found.encode()))
+                self._runtime.buffer(done, mark)
+            elif deadline is not None and self._runtime.now() >= deadline:
+                error = journal.ReceiveTimedOut("wait_timeout", f"no update {name!r} arrived")
+                done = journal.Entry(position, "update", name, "error", error=error.encode())
+                self._runtime.buffer(done)
+            else:
+                raise Parked([journal.WaitSpec(name, "update", deadline, after)], None)
+        if done.status != "ok":
+            raise errors.WaitTimedOut(f"no update {name!r} arrived before the timeout")
+        body: live.UpdateReceived = self._read(done, live.UpdateReceived.decode)
+        self._live.updates[name] = body.sequence
+        return records.Update(body.update_id, name, codec.convert(body.payload, type))
+
+    def respond(self, update: records.Update, value: Any = None) -> None:
+        """Answer ``update`` with ``value``: journaled, and returned to its sender.
+
+        Raises:
+            errors.InvalidInput: this run already answered that update.
+        """
+        if update.update_id in self._live.answered:
+            raise errors.InvalidInput(f"update {update.update_id!r} was already answered")
+        entry = self._next(replay.Call("respond", update.name))
+        if entry is None:
+            text = codec.encode(value)
+            codec.check_size(text, self._runtime.payload_limit, "the update's response")
+            body = live.Responded(update.update_id, codec.decode(text)).encode()
+            entry = journal.Entry(self._cursor.position, "respond", update.name, "ok", body)
+            self._runtime.answer_update(entry, update.update_id, text)
+        else:
+            recorded: live.Responded = self._read(entry, live.Responded.decode)
+            if recorded.update_id != update.update_id:
+                message = (
+                    f"run {self.run_id} position {self._cursor.position}: journal answered "
+                    f"update {recorded.update_id!r}, code now answers {update.update_id!r}"
+                )
+                raise steps.Halt("needs_attention", steps.error_dict("non_determinism", message))
+        self._live.answered.add(update.update_id)
+
+    def _publish(self, kind: str, key: str, body: Any) -> None:
+        """Write an entry outside readers follow, now (replay writes nothing)."""
+        if not key or "/" in key:
+            raise errors.InvalidInput(f"a {kind} key {key!r} must be non-empty, without '/'")
+        entry = self._next(replay.Call(kind, key))
+        if entry is None:
+            text = body.encode()
+            self._runtime.record_live(journal.Entry(self._cursor.position, kind, key, "ok", text))
+
+    def _sized(self, value: Any, what: str) -> Any:
+        """Return ``value`` as replay will read it back, refusing one over the payload limit."""
+        text = codec.check_size(codec.encode(value), self._runtime.payload_limit, what)
+        return codec.decode(text)
+
+    def set_event(self, key: str, value: Any) -> None:
+        """Set event ``key`` to ``value`` (durable; readers see the latest value per key)."""
+        self._publish("event", key, live.EventSet(self._sized(value, f"event {key!r}")))
+
+    def write_stream(self, key: str, value: Any) -> None:
+        """Append ``value`` to stream ``key`` (readers see every item, in order, once).
+
+        Raises:
+            errors.InvalidInput: the stream was closed.
+        """
+        if key in self._live.closed:
+            raise errors.InvalidInput(f"stream {key!r} is closed")
+        self._publish("stream", key, live.StreamItem(self._sized(value, f"an item of {key!r}")))
+
+    def close_stream(self, key: str) -> None:
+        """Close stream ``key``: its readers stop after the last item. Closing twice is a no-op."""
+        if key in self._live.closed:
+            return
+        self._publish("stream_close", key, live.StreamClosed())
+        self._live.closed.add(key)

@@ -36,7 +36,13 @@ The tree::
     ├── StepFailed                           step_failed       (raised in workflow code)
     ├── EffectFailed                         effect_failed     (raised by a step's author)
     ├── ChildFailed                          child_failed      (raised in workflow code)
-    └── NonDeterminism                       non_determinism
+    ├── NonDeterminism                       non_determinism
+    ├── UpdateRejected                       update_rejected   (a validator refused it)
+    ├── UpdateAbandoned                      update_abandoned  (the run ended without answering)
+    ├── UpdateTimedOut (+ TimeoutError)      update_timeout    (no answer in the time given)
+    ├── RunEventMissing                      run_event_missing
+    ├── UnknownQuery                         unknown_query
+    └── QueryFailed                          query_failed
 
     Interrupt (BaseException)                interrupt
     ├── Suspend                              suspend
@@ -80,7 +86,9 @@ __all__ = [
     "NotResolvable",
     "PayloadTooLarge",
     "PerdureError",
+    "QueryFailed",
     "ResultTimeout",
+    "RunEventMissing",
     "RunFailed",
     "RunFinished",
     "RunNotFinished",
@@ -94,6 +102,10 @@ __all__ = [
     "Suspend",
     "TokenNotFound",
     "Unauthorized",
+    "UnknownQuery",
+    "UpdateAbandoned",
+    "UpdateRejected",
+    "UpdateTimedOut",
     "WaitExpired",
     "WaitSettled",
     "WaitStillOpen",
@@ -434,3 +446,55 @@ class Canceled(LeaseLost):
     """The run was canceled; stop at this step boundary."""
 
     code = "canceled"
+
+
+# -- talking to live runs ---------------------------------------------------------
+
+
+class UpdateRejected(PerdureError):
+    """The update's validator refused it; nothing was stored."""
+
+    code = "update_rejected"
+
+    def __init__(self, run_id: str, name: str, reason: str) -> None:
+        self.run_id = run_id
+        self.name = name
+        self.reason = reason
+        super().__init__(f"update {name!r} to run {run_id} was rejected: {reason}")
+
+
+class UpdateAbandoned(PerdureError):
+    """The run ended without answering the update."""
+
+    code = "update_abandoned"
+
+    def __init__(self, run_id: str, update_id: str, state: str | None = None) -> None:
+        self.run_id = run_id
+        self.update_id = update_id
+        self.state = state
+        ended = f" ({state})" if state else ""
+        super().__init__(f"run {run_id} ended{ended} without answering update {update_id!r}")
+
+
+class UpdateTimedOut(PerdureError, TimeoutError):
+    """The run did not answer the update within the time given; it may still."""
+
+    code = "update_timeout"
+
+
+class RunEventMissing(PerdureError):
+    """The run has not set this event (yet)."""
+
+    code = "run_event_missing"
+
+
+class UnknownQuery(PerdureError):
+    """The run's workflow has no query of this name."""
+
+    code = "unknown_query"
+
+
+class QueryFailed(PerdureError):
+    """The query function raised; the message says what it raised."""
+
+    code = "query_failed"

@@ -19,9 +19,9 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from perdure import codec, context, effects, errors, journal, replay, steps, validation
+from perdure import codec, context, effects, errors, journal, live, replay, steps, validation
 from perdure import registry as registry_api
-from perdure.store import port
+from perdure.store import liveport, port
 
 log = logging.getLogger("perdure.worker")
 
@@ -201,6 +201,34 @@ class Execution:
             ):
                 raise errors.KeyConflict(str(asked.key), found, asked.workflow)
         return [by_key[run.key].run_id if run.key in by_key else run.run_id for run in new]
+
+    # -- talking to the outside world (updates, events, streams) ------------------
+
+    def next_update(self, name: str, after_sequence: int) -> live.UpdateReceived | None:
+        store = liveport.require(self.store)
+        found: liveport.UpdateRecord | None = self._guarded(
+            lambda: store.next_update(self.run_.run_id, name, after_sequence)
+        )
+        if found is None:
+            return None
+        try:
+            payload = codec.decode(found.payload)
+        except errors.InvalidPayload as exc:
+            raise errors.CorruptState(self.run_.run_id, "update_payload", str(exc)) from exc
+        return live.UpdateReceived(found.update_id, payload, found.sequence)
+
+    def answer_update(self, entry: journal.Entry, update_id: str, response: str) -> None:
+        store = liveport.require(self.store)
+
+        def answer(
+            claim: port.Claim, entries: Sequence[journal.Entry], marks: Sequence[journal.Mark]
+        ) -> None:
+            store.answer_update(claim, entries, update_id, response, marks)
+
+        self._write(answer, entry, [])
+
+    def record_live(self, entry: journal.Entry) -> None:
+        self._write(liveport.require(self.store).record_live, entry, [])
 
     def begin_effect(self, entry: journal.Entry, marks: list[journal.Mark]) -> None:
         self._write(self.store.begin_effect, entry, marks)

@@ -24,6 +24,9 @@ shape::
     child_result  ok        output   Value          the child's result
     child_result  error     error    ChildEnded     {code, message, state, child_error}
 
+The kinds of talking to live runs (``update``, ``respond``, ``event``,
+``stream``, ``stream_close``) have their bodies in :mod:`perdure.live`.
+
 A decoder refuses a body of another shape with :class:`Unreadable` (a
 ``ValueError``; text that is not JSON raises ``errors.InvalidPayload``, also
 one): the caller decides whether that is corruption or an older shape.

@@ -68,6 +68,15 @@ class Message:
 
 
 @dataclass(frozen=True)
+class Update:
+    """An update as ``ctx.next_update`` returns it: answer it with ``ctx.respond``."""
+
+    update_id: str
+    name: str
+    payload: Any
+
+
+@dataclass(frozen=True)
 class Provenance:
     """One receipt of a run's provenance ledger; never holds a payload."""
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
-from perdure import context
+from perdure import context, errors
 
 P = ParamSpec("P")
 R = TypeVar("R")
+H = TypeVar("H", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class WorkflowDef:
     is_async: bool
     params: dict[str, Any]
     returns: Any
+    # Filled by @workflow.validator(name) and @workflow.query(name).
+    validators: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    queries: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
 
 
 class Registry(Protocol):
@@ -52,16 +56,58 @@ class Registry(Protocol):
 class Workflow(Generic[P, R]):
     """A registered workflow taking ``P`` (after its Context) and ending with ``R``."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, version: str) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        version: str,
+        definition: WorkflowDef | None = None,
+    ) -> None:
         functools.update_wrapper(cast(Callable[..., Any], self), fn)
         self.fn = fn
         self.name = name
         self.version = version
+        self._definition = definition
         # How app.workflow_ref and ctx.start_child recognise a workflow.
         self.__perdure_workflow__ = name
 
     def __repr__(self) -> str:
         return f"<workflow {self.name} version {self.version}>"
+
+    def _handlers(self, what: str) -> dict[str, Callable[[Any], Any]]:
+        if self._definition is None:
+            raise errors.InvalidInput(f"workflow {self.name} is not registered with an app")
+        found: dict[str, Callable[[Any], Any]] = getattr(self._definition, what)
+        return found
+
+    def _register(self, what: str, name: str) -> Callable[[H], H]:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise errors.InvalidInput(f"a {what[:-1]} name {name!r} must be non-empty, without '/'")
+        handlers = self._handlers(what)
+
+        def register(fn: H) -> H:
+            if name in handlers:
+                raise errors.InvalidInput(f"workflow {self.name} has two {what} named {name!r}")
+            handlers[name] = fn
+            return fn
+
+        return register
+
+    def validator(self, name: str) -> Callable[[H], H]:
+        """Register ``fn(payload)`` to check updates named ``name`` before they are stored.
+
+        It runs in the sender's process (``app.update``); whatever it raises
+        refuses the update with ``UpdateRejected`` carrying its message.
+        """
+        return self._register("validators", name)
+
+    def query(self, name: str) -> Callable[[H], H]:
+        """Register ``fn(view: RunView)``, a read-only question ``app.query`` answers.
+
+        It runs in the asker's process, on the run's durable journal; it must
+        not write anything.
+        """
+        return self._register("queries", name)
 
 
 class SyncWorkflow(Workflow[P, R]):

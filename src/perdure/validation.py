@@ -11,15 +11,16 @@ import json
 from collections.abc import Sequence
 from typing import get_args
 
-from perdure import errors
+from perdure import errors, live
 from perdure import journal as bodies
 from perdure.store import port
 
 JOURNAL_KINDS = frozenset(
     {"step", "sleep", "now", "random", "uuid", "wait", "receive", "child", "child_result"}
+    | {"update", "respond", "event", "stream", "stream_close"}
 )
 # Kinds whose entry may stay "started": a once effect in flight, or an open wait.
-STARTED_KINDS = frozenset({"step", "wait", "receive"})
+STARTED_KINDS = frozenset({"step", "wait", "receive", "update"})
 ENTRY_STATUSES: frozenset[str] = frozenset(get_args(port.EntryStatus))
 OUTCOME_KINDS: frozenset[str] = frozenset(get_args(port.OutcomeKind))
 
@@ -91,6 +92,8 @@ def journal(run_id: str, entries: Sequence[port.JournalEntry]) -> None:
             raise _fail(run_id, "journal_attempt", f"position {expected}: attempt {entry.attempt}")
         _json(run_id, "journal_output_json", entry.output)
         _json(run_id, "journal_error_json", entry.error)
+        if entry.kind in live.KINDS:
+            live.check(run_id, entry)
     if started_at is not None and started_at != len(entries):
         raise _fail(
             run_id,

@@ -50,6 +50,16 @@ def app(store_url: str) -> Iterator[perdure.App]:
         return value * 3
 
     @made.workflow()
+    def big_event(ctx: perdure.Context, value: str) -> str:
+        ctx.set_event("status", value * 3)
+        return "set"
+
+    @made.workflow()
+    def big_item(ctx: perdure.Context, value: str) -> str:
+        ctx.write_stream("progress", value * 3)
+        return "written"
+
+    @made.workflow()
     def big_child(ctx: perdure.Context, value: str) -> str:
         return str(ctx.start_child(gate, value * 3).run_id)
 
@@ -64,6 +74,7 @@ def test_the_callers_payloads_are_refused_before_anything_is_stored(app: perdure
         lambda: app.start("gate", BIG),
         lambda: app.signal(rid, "data", BIG),
         lambda: app.send(rid, "inbox", "k", BIG),
+        lambda: app.update(rid, "add", BIG, update_id="u-1", timeout=1),
     ):
         with pytest.raises(perdure.PayloadTooLarge) as caught:
             refused()
@@ -94,7 +105,9 @@ def test_the_workers_payloads_fail_the_step_or_the_run(app: perdure.App) -> None
         once = app.start("big_once", chunk)
         result = app.start("big_result", chunk)
         child = app.start("big_child", chunk)
-        for handle in (step, result, child):
+        event = app.start("big_event", chunk)
+        item = app.start("big_item", chunk)
+        for handle in (step, result, child, event, item):
             with pytest.raises(perdure.RunFailed) as failed:
                 handle.result(timeout=30)
             assert "over the limit of 1,000 bytes" in str(failed.value)

@@ -67,6 +67,7 @@ def test_migrations_produce_schema_sql(tmp_path: Path) -> None:
         "outcomes",
         "messages",
         "tokens",
+        "updates",
     }
     assert _objects(migrated) == expected
 
@@ -112,7 +113,7 @@ def test_racing_processes_migrate_once(tmp_path: Path) -> None:
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     _migrated(path)
-    newer = len(sqlfiles.migrations("sqlite")) + 1
+    newer = sqlfiles.migrations("sqlite")[-1].version + 1
     conn = sqlite3.connect(path)
     with conn:
         conn.execute("INSERT INTO perdure_schema (version, applied_at) VALUES (?, 0)", (newer,))
@@ -141,8 +142,8 @@ def test_a_failing_migration_changes_nothing(
     before = _objects(path)
     known = sqlfiles.migrations("sqlite")
     broken = sqlfiles.Migration(
-        len(known) + 1,
-        f"{len(known) + 1:04d}_broken.sql",
+        known[-1].version + 1,
+        f"{known[-1].version + 1:04d}_broken.sql",
         "CREATE TABLE half_done (x INTEGER);\nCREATE TABLE runs (x INTEGER);\n",
     )
     monkeypatch.setattr(sqlfiles, "migrations", lambda adapter: [*known, broken])

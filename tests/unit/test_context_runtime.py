@@ -335,12 +335,22 @@ def test_the_workflow_layers_import_no_store_and_no_worker(module: Any) -> None:
     if module is steps:
         assert "perdure.context" not in engine
     else:
-        assert engine <= {f"perdure.{m}" for m in _allowed(module)} | {"perdure.store.port"}
+        store_port = {"perdure.store.port", "perdure.store.liveport"}
+        assert engine <= {f"perdure.{m}" for m in _allowed(module)} | store_port
 
 
 def _allowed(module: Any) -> set[str]:
     return {
-        context: {"codec", "errors", "journal", "records", "replay", "signals", "steps"},
+        context: {
+            "codec",
+            "errors",
+            "journal",
+            "live",
+            "records",
+            "replay",
+            "signals",
+            "steps",
+        },
         replay: {"effects", "errors", "validation"},
         journal: {"codec"},
         execution: {
@@ -349,6 +359,7 @@ def _allowed(module: Any) -> set[str]:
             "effects",
             "errors",
             "journal",
+            "live",
             "registry",
             "replay",
             "steps",

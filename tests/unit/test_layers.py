@@ -32,6 +32,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.tokens",
             "perdure.store.pages",
             "perdure.store.retention",
+            "perdure.store.liveport",
         }
     },
     {
@@ -39,6 +40,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.codec",
             "perdure.effects",
             "perdure.journal",
+            "perdure.live",
             "perdure.validation",
             "perdure.replay",
             "perdure.plans",
@@ -46,7 +48,10 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.signals",
         }
     },
-    {"steps": {"perdure.steps"}, "client": {"perdure.client", "perdure.reads"}},
+    {
+        "steps": {"perdure.steps"},
+        "client": {"perdure.client", "perdure.reads", "perdure.liveclient"},
+    },
     {"context": {"perdure.context"}},
     {"registry": {"perdure.registry"}},
     {"execution": {"perdure.execution"}, "keeper": {"perdure.keeper"}},

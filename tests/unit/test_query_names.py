@@ -63,7 +63,7 @@ def test_both_adapters_define_the_clock_and_cancel_queries(name: str) -> None:
 def test_every_invariant_is_documented() -> None:
     text = (DOCS / "store.md").read_text(encoding="utf-8")
     text += (DOCS / "provenance.md").read_text(encoding="utf-8")
-    records = ("run", "journal", "ledger", "wait", "outcome", "message")
+    records = ("run", "journal", "ledger", "wait", "outcome", "message", "update")
     assert "`<record>_<column>`" in text
     for name in rows.INVARIANTS:
         record, _, column = name.partition("_")

@@ -1,11 +1,13 @@
 """The ``perdure`` command line.
 
 One module per command group: ``workers`` (worker), ``runs`` (start, runs,
-show), ``signals`` (signal, send, waits, resume), ``operators`` (cancel,
-resolve, fork), ``retention`` (prune), ``migrate``, ``demo``, ``tokens`` and ``console`` (the web
-console, an optional extra); ``common`` and ``output`` hold what
-they share. Only ``worker`` and ``start`` import user code (``MODULE:APP``); every other
-command works from the store alone, through a :class:`~perdure.client.Client`.
+show), ``signals`` (signal, send, waits, resume), ``live`` (update, query,
+events, stream), ``operators`` (cancel, resolve, fork), ``retention``
+(prune), ``migrate``, ``demo``, ``tokens`` and ``console`` (the web console,
+an optional extra); ``common`` and ``output`` hold what they share. Only
+``worker``, ``start`` and ``query`` (and ``update --validate``) import user
+code (``MODULE:APP``); every other command works from the store alone,
+through a :class:`~perdure.client.Client`.
 Commands that take a run id find the run's app in the store, so ``--app`` is
 only needed to list runs or waits.
 
@@ -24,6 +26,7 @@ import click
 from perdure.cli import (
     console,
     demo,
+    live,
     migrate,
     operators,
     output,
@@ -55,6 +58,10 @@ for command in (
     signals.send,
     signals.waits,
     signals.resume,
+    live.update,
+    live.query,
+    live.events,
+    live.stream,
     operators.cancel,
     operators.resolve,
     operators.fork,

@@ -34,6 +34,11 @@ _REFUSED: tuple[type[errors.PerdureError], ...] = (
     errors.RunFailed,
     errors.ResultTimeout,
     errors.NotCanceled,
+    errors.UpdateRejected,
+    errors.UpdateAbandoned,
+    errors.UpdateTimedOut,
+    errors.RunEventMissing,
+    errors.QueryFailed,
 )
 
 EXIT_OK = 0

@@ -78,7 +78,7 @@ EntryStatus = Literal["started", "ok", "error"]
 """``started``: a ``once`` effect began and has no recorded outcome yet."""
 
 OutcomeKind = Literal["signaled", "timed_out", "canceled"]
-WaitKind = Literal["signal", "channel", "child"]
+WaitKind = Literal["signal", "channel", "child", "update"]
 
 LEDGER_KINDS: frozenset[str] = frozenset(
     {

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast, get_args
 
 from perdure import errors
-from perdure.store import port
+from perdure.store import liveport, port
 
 ENTRY_STATUSES: frozenset[str] = frozenset(get_args(port.EntryStatus))
 OUTCOME_KINDS: frozenset[str] = frozenset(get_args(port.OutcomeKind))
@@ -39,6 +39,7 @@ _COLUMNS = {
     "outcome": "run_id name kind signal_id payload payload_digest at",
     "message": "run_id channel key sequence payload at",
     "token": "token_id app scope digest created_at expires_at revoked_at",
+    "update": "run_id update_id name sequence payload state response at settled_at",
 }
 
 INVARIANTS: dict[str, str] = {
@@ -308,6 +309,25 @@ class Reader:
             sequence=c.count("sequence", 1),
             payload=c.text("payload"),
             at=c.instant("at"),
+        )
+
+    def update(self, row: Row) -> liveport.UpdateRecord:
+        """Return the :class:`liveport.UpdateRecord` of an ``updates`` row."""
+        c = self._columns("update", row)
+        state = cast(liveport.UpdateState, c.choice("state", liveport.UPDATE_STATES))
+        response = c.opt_text("response")
+        if state == "answered" and response is None:
+            raise corrupt(c.run_id, "update_response", "an answered update has no response")
+        return liveport.UpdateRecord(
+            run_id=c.text("run_id"),
+            update_id=c.text("update_id"),
+            name=c.text("name"),
+            sequence=c.count("sequence", 1),
+            payload=c.text("payload"),
+            state=state,
+            response=response,
+            at=c.instant("at"),
+            settled_at=c.opt_instant("settled_at"),
         )
 
 

@@ -26,7 +26,8 @@ helpers and the same named queries (``postgres/sql/queries.sql``, listed in
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -34,8 +35,8 @@ import psycopg
 import psycopg.errors
 
 from perdure import errors
-from perdure.store import ledger, port, rows, sqlfiles, surface
-from perdure.store.postgres import connection
+from perdure.store import ledger, live, liveport, port, rows, sqlfiles, surface
+from perdure.store.postgres import connection, listener
 
 log = logging.getLogger("perdure.store.postgres")
 
@@ -57,6 +58,7 @@ class PostgresStore(
     connection.Connections,
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
+    live.LiveTransitions[Cursor],
 ):
     """The port on PostgreSQL (see the module docstring)."""
 
@@ -76,6 +78,10 @@ class PostgresStore(
         super().__init__(url)
         self._clock = clock
         self._ledger_limit = ledger_limit
+        self._live = listener.Listener(
+            lambda: psycopg.connect(self._conninfo, autocommit=True, **self._kwargs),
+            _Q["listen_live"],
+        )
 
     # -- plumbing -------------------------------------------------------------
 
@@ -98,7 +104,21 @@ class PostgresStore(
     def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
         self._exec(cur, "notify", apps=sorted(set(apps)))
 
+    def _announce(self, cur: Cursor, run_ids: Iterable[str]) -> None:
+        self._exec(cur, "announce", run_ids=sorted(set(run_ids)))
+
+    @contextmanager
+    def watch(self) -> Iterator[liveport.Watch]:
+        """Listen for changes of live runs made by any process on any host."""
+        with self._live.watch() as watch:
+            yield watch
+
     # -- lifecycle ------------------------------------------------------------
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop watching live runs and release connections. Idempotent."""
+        self._live.close()
+        super().close(timeout)
 
     def migrate(self) -> None:
         """Create or upgrade the schema under an advisory lock; safe when processes race.
@@ -118,7 +138,7 @@ class PostgresStore(
                     f"the store's schema is version {current} but this perdure knows up to "
                     f"{latest}; upgrade perdure"
                 )
-            for migration in migrations[current:]:
+            for migration in [m for m in migrations if m.version > current]:
                 cur.execute(migration.sql)
                 cur.execute(_Q["record_migration"], {"version": migration.version})
                 log.info("store %s: applied migration %s", self.url, migration.name)

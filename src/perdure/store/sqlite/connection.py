@@ -28,6 +28,7 @@ from perdure.store.sqlite import wakeup
 T = TypeVar("T")
 
 _BUSY_TIMEOUT = 10.0
+LIVE_TOPIC = "#live"
 
 
 def database_path(url: str) -> str:
@@ -174,7 +175,7 @@ class _Group:
 class Tx:
     """One connection inside one transaction (or one read), with the instant it runs at."""
 
-    __slots__ = ("_now_us", "conn", "notify", "now", "path")
+    __slots__ = ("_now_us", "announce", "conn", "notify", "now", "path")
 
     def __init__(self, conn: sqlite3.Connection, now: datetime, path: str) -> None:
         self.conn = conn
@@ -183,6 +184,8 @@ class Tx:
         self._now_us = rows.to_us(now)
         # Set by a write that makes a run ready: waiters are woken after COMMIT.
         self.notify = False
+        # Set by a write that changes a live run: its watchers are woken after COMMIT.
+        self.announce = False
 
     def execute(self, query: str, params: dict[str, Any]) -> Result:
         """Run the named query ``query``; ``now`` is always passed."""
@@ -214,6 +217,8 @@ class Connections:
         # Connect now so that a bad location fails here, and the file exists.
         self._idle: list[sqlite3.Connection] = [self._connect()]
         self._wakeup = wakeup.Channel(self.path)
+        # Watchers of live runs listen on channels of their own (see watch()).
+        self._live = wakeup.Channel(self.path, LIVE_TOPIC)
 
     # -- connections ------------------------------------------------------
 
@@ -356,6 +361,8 @@ class Connections:
             result = work(tx)
         if tx.notify:
             self.notify_ready()
+        if tx.announce:
+            self._live.notify()
         return result
 
     def wait_ready(self, timeout: float) -> bool:
@@ -378,3 +385,4 @@ class Connections:
         for conn in idle:
             conn.close()
         self._wakeup.close()
+        self._live.close()

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from perdure import errors
-from perdure.store import ledger, port, rows, sqlfiles, surface
-from perdure.store.sqlite import connection
+from perdure.store import ledger, live, liveport, port, rows, sqlfiles, surface
+from perdure.store.sqlite import connection, wakeup
 
 Row = sqlite3.Row
 Cursor = connection.Tx
@@ -35,10 +37,19 @@ Cursor = connection.Tx
 _MIN_SQLITE = (3, 35, 0)
 
 
+class _Poll:
+    """A watch that wakes after a short pause: a watcher with no socket polls."""
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(max(0.0, min(timeout, 0.05)))
+        return True
+
+
 class SqliteStore(
     connection.Connections,
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
+    live.LiveTransitions[Cursor],
 ):
     """A :class:`port.Store` on one SQLite database file."""
 
@@ -100,6 +111,25 @@ class SqliteStore(
     def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
         cur.notify = True
 
+    def _announce(self, cur: Cursor, run_ids: Iterable[str]) -> None:
+        cur.announce = True
+
+    @contextmanager
+    def watch(self) -> Iterator[liveport.Watch]:
+        """Listen for changes of live runs made by any process of this host."""
+        channel = wakeup.Channel(self.path, connection.LIVE_TOPIC)
+        try:
+            try:
+                channel.listen()
+            except OSError:
+                # No socket to listen on (a full or read-only temporary
+                # directory): the watcher polls instead.
+                yield _Poll()
+                return
+            yield channel
+        finally:
+            channel.close()
+
     # -- lifecycle ------------------------------------------------------------
 
     def migrate(self) -> None:
@@ -122,7 +152,7 @@ class SqliteStore(
                     f"the SQLite store {self.path} has schema version {current}, but this "
                     f"perdure knows versions up to {latest}; upgrade perdure to open it"
                 )
-            for migration in migrations[current:]:
+            for migration in [m for m in migrations if m.version > current]:
                 for statement in connection.statements(migration.sql):
                     cur.conn.execute(statement)
                 self._exec(cur, "record_migration", version=migration.version)

@@ -66,8 +66,10 @@ def _alive(pid: int) -> bool:
 class Channel:
     """The wake-up channel of one database file, for one store object."""
 
-    def __init__(self, key: str) -> None:
-        digest = hashlib.sha256(os.path.realpath(key).encode()).hexdigest()[:20]
+    def __init__(self, key: str, topic: str = "") -> None:
+        # A topic (such as changes of live runs) gets a folder of its own, so
+        # its notifications do not wake the waiters of another.
+        digest = hashlib.sha256((os.path.realpath(key) + topic).encode()).hexdigest()[:20]
         # Socket paths are limited to about 100 bytes, so the folder is short
         # and lives in the temporary directory rather than beside the file.
         self.folder = os.path.join(tempfile.gettempdir(), f"{_PREFIX}{digest}")
@@ -88,6 +90,10 @@ class Channel:
                 sock.setblocking(False)
                 self._sock, self._path = sock, path
             return self._sock
+
+    def listen(self) -> None:
+        """Start listening now: notifications from here on are kept for ``wait``."""
+        self._listen()
 
     def wait(self, timeout: float) -> bool:
         """Block until a notification arrives or ``timeout`` seconds pass.

@@ -61,6 +61,7 @@ from perdure.testing.conformance.harness import (
 from perdure.testing.conformance.journal import JournalTests
 from perdure.testing.conformance.ledger import LedgerTests
 from perdure.testing.conformance.lifecycle import LifecycleTests
+from perdure.testing.conformance.live import LiveTests
 from perdure.testing.conformance.operators import OperatorTests
 from perdure.testing.conformance.retention import RetentionTests
 from perdure.testing.conformance.runs import RunTests
@@ -92,6 +93,7 @@ class StoreConformance(
     TokenTests,
     PageTests,
     RetentionTests,
+    LiveTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 

@@ -50,7 +50,8 @@ class FinishTests(Suite):
         assert (ended.worker, ended.lease_expires_at, ended.updated_at) == (None, None, clock.now())
         assert store.journal(run.run_id) == [entry(1), entry(2)]
         assert store.waits(APP, run.run_id) == []
-        assert store.outcomes(run.run_id) == []
+        # The signal the run never applied keeps its record (to answer its sender).
+        assert [(o.name, o.signal_id) for o in store.outcomes(run.run_id)] == [("a", "sig-1")]
         assert store.next_message(run.run_id, "inbox", 0) is None
         assert kinds(store, run.run_id)[-1] == "finished"
         assert store.claim(APP, WORKER, [(run.workflow, "1")], lease_ttl=TTL) == []

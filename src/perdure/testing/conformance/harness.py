@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Protocol
 import pytest
 
 from perdure import store as perdure_store
-from perdure.store import port
+from perdure.store import liveport, port
 from perdure.testing import clock as clocks
 
 Opener = Callable[[str, port.Clock | None, int], port.Store]
@@ -398,6 +398,12 @@ FENCED_WRITES: dict[str, Callable[[port.Store, port.Claim], object]] = {
     ),
     "create_children": lambda s, c: s.create_children(
         c, [new_run(key="child-1", parent_id=c.run_id)]
+    ),
+    "answer_update": lambda s, c: liveport.require(s).answer_update(
+        c, [entry(1, kind="respond")], "u-1", "1"
+    ),
+    "record_live": lambda s, c: liveport.require(s).record_live(
+        c, [entry(1, kind="event", name="k")]
     ),
 }
 """Every write made for a claimed run, by name."""

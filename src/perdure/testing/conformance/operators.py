@@ -155,9 +155,10 @@ class OperatorTests(Suite):
         assert (history[-2].step, history[-2].note) == ("charge", "it happened")
         assert [r.sequence for r in history] == list(range(1, len(history) + 1))
         assert after.ledger_sequence == history[-1].sequence
-        # It ended: its records are gone and no worker can claim it.
+        # It ended: its records are gone (but the signal it never applied, kept to
+        # answer its sender) and no worker can claim it.
         assert store.waits(APP, child.run_id) == []
-        assert store.outcomes(child.run_id) == []
+        assert [o.name for o in store.outcomes(child.run_id)] == ["x"]
         assert store.claim(APP, WORKER, [(child.workflow, child.version)], lease_ttl=TTL) == []
         # The parent was canceled first, so it receives no outcome.
         assert store.outcomes(parent.run_id) == []
@@ -174,7 +175,7 @@ class OperatorTests(Suite):
         after = get(store, child.run_id)
         assert (after.state, after.error) == ("failed", error)
         assert kinds(store, child.run_id)[-2:] == ["cancel_requested", "resolved"]
-        assert store.outcomes(child.run_id) == []
+        assert [o.name for o in store.outcomes(child.run_id)] == ["x"]  # never applied
 
     # == resolve ===========================================================
 

@@ -429,6 +429,10 @@ SELECT coalesce(%(ready_at)s::timestamptz <= coalesce(%(now)s::timestamptz, stat
                   SELECT 1 FROM perdure.messages AS m
                   WHERE m.run_id = w.run_id AND m.channel = w.name
                     AND m.sequence > w.after_sequence
+              ) WHEN w.kind = 'update' THEN EXISTS (
+                  SELECT 1 FROM perdure.updates AS u
+                  WHERE u.run_id = w.run_id AND u.name = w.name
+                    AND u.sequence > w.after_sequence
               ) ELSE EXISTS (
                   SELECT 1 FROM perdure.outcomes AS o
                   WHERE o.run_id = w.run_id AND o.name = w.name
@@ -623,7 +627,7 @@ WHERE r.state IN ('queued', 'running', 'waiting')
   AND r.run_id IN (
       SELECT w.run_id FROM perdure.waits AS w
       WHERE w.deadline <= coalesce(%(now)s::timestamptz, statement_timestamp())
-        AND w.kind <> 'channel'
+        AND w.kind NOT IN ('channel', 'update')
         AND NOT EXISTS (
             SELECT 1 FROM perdure.outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name
         )
@@ -637,7 +641,7 @@ SELECT w.run_id, w.name, 'timed_out', coalesce(%(now)s::timestamptz, statement_t
 FROM perdure.waits AS w
 WHERE w.run_id = ANY(%(run_ids)s::text[])
   AND w.deadline <= coalesce(%(now)s::timestamptz, statement_timestamp())
-  AND w.kind <> 'channel'
+  AND w.kind NOT IN ('channel', 'update')
 ON CONFLICT (run_id, name) DO NOTHING
 RETURNING run_id;
 
@@ -704,8 +708,7 @@ SELECT (SELECT count(*) FROM waits_gone)
      + (SELECT count(*) FROM outcomes_gone)
      + (SELECT count(*) FROM messages_gone) AS n;
 
--- == the operating surface: run pages and access tokens =======================
-
+-- == the operating surface: run pages and access tokens ================
 -- name: page_runs
 -- Keyset, newest first; with no page before, after_at is past every run.
 -- One query per filter, each walking its own index in order (a filter
@@ -796,3 +799,68 @@ WITH journal_gone AS (
 DELETE FROM perdure.runs
 WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('succeeded', 'failed', 'canceled')
 RETURNING run_id;
+
+-- name: update_put
+-- Put-if-absent by (run_id, update_id); the sequence is read under the run's row lock.
+INSERT INTO perdure.updates (run_id, update_id, name, sequence, payload, state, response, at, settled_at)
+SELECT %(run_id)s, %(update_id)s, %(name)s, coalesce(max(sequence), 0) + 1, %(payload)s, 'pending', NULL,
+       coalesce(%(now)s::timestamptz, statement_timestamp()), NULL
+FROM perdure.updates WHERE run_id = %(run_id)s
+ON CONFLICT (run_id, update_id) DO NOTHING
+RETURNING *;
+
+-- name: update_get
+SELECT * FROM perdure.updates WHERE run_id = %(run_id)s AND update_id = %(update_id)s;
+
+-- name: wake_on_update
+UPDATE perdure.runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'waiting'
+  AND EXISTS (
+    SELECT 1 FROM perdure.waits
+    WHERE waits.run_id = %(run_id)s AND waits.kind = 'update' AND waits.name = %(name)s
+  )
+RETURNING run_id, app, generation, ledger_sequence;
+
+-- name: next_update
+SELECT * FROM perdure.updates
+WHERE run_id = %(run_id)s AND name = %(name)s AND sequence > %(after_sequence)s
+ORDER BY sequence
+LIMIT 1;
+
+-- name: update_answer
+UPDATE perdure.updates SET state = 'answered', response = %(response)s, settled_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND update_id = %(update_id)s AND state = 'pending'
+RETURNING *;
+
+-- name: updates_abandon
+-- Updates a run ended without answering; their senders are told so.
+UPDATE perdure.updates SET state = 'abandoned', settled_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = ANY(%(run_ids)s::text[]) AND state = 'pending'
+RETURNING run_id;
+
+-- name: live_ended
+-- Of runs that just ended, those someone may be following: with updates, or
+-- with events or stream items in their journal.
+SELECT r.run_id FROM unnest(%(run_ids)s::text[]) AS r(run_id)
+WHERE EXISTS (SELECT 1 FROM perdure.updates AS u WHERE u.run_id = r.run_id)
+   OR EXISTS (
+      SELECT 1 FROM perdure.journal AS j
+      WHERE j.run_id = r.run_id AND j.kind IN ('event', 'stream', 'stream_close')
+   );
+
+-- name: journal_after
+SELECT * FROM perdure.journal
+WHERE run_id = %(run_id)s AND position > %(after_position)s
+ORDER BY position;
+
+-- name: announce
+-- Delivered when the transaction commits: the runs whose updates, events or
+-- streams changed, for callers that watch them.
+SELECT pg_notify('perdure_live', run_id) FROM unnest(%(run_ids)s::text[]) AS run_id;
+
+-- name: listen_live
+LISTEN perdure_live;

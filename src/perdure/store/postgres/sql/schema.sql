@@ -141,6 +141,21 @@ CREATE INDEX tokens_app ON perdure.tokens (app, created_at);
 CREATE INDEX runs_page ON perdure.runs (app, created_at, run_id);
 CREATE INDEX runs_page_state ON perdure.runs (app, state, created_at, run_id);
 CREATE INDEX runs_page_workflow ON perdure.runs (app, workflow, created_at, run_id);
+CREATE TABLE perdure.updates (
+    run_id text NOT NULL,
+    update_id text NOT NULL,
+    name text NOT NULL,
+    sequence bigint NOT NULL,
+    payload text NOT NULL,
+    state text NOT NULL,
+    response text,
+    at timestamptz NOT NULL,
+    settled_at timestamptz,
+    PRIMARY KEY (run_id, update_id)
+);
+
+-- Delivery order of one name, the order a run consumes them in.
+CREATE UNIQUE INDEX updates_order ON perdure.updates (run_id, name, sequence);
 
 -- Aborts the statement that calls it: lets a single-statement write refuse
 -- (and so roll back) everything it did, without a transaction round trip.

@@ -303,8 +303,8 @@ ON CONFLICT (run_id, name) DO UPDATE SET
     after_sequence = excluded.after_sequence;
 
 -- name: park_satisfied
--- A due instant, any registered wait with an outcome, or a channel wait with
--- a newer message.
+-- A due instant, any registered wait with an outcome, or a channel (update)
+-- wait with a newer message (update).
 SELECT coalesce(:ready_at <= :now, 0) OR EXISTS (
     SELECT 1 FROM waits AS w
     WHERE w.run_id = :run_id
@@ -313,6 +313,10 @@ SELECT coalesce(:ready_at <= :now, 0) OR EXISTS (
         OR (w.kind = 'channel' AND EXISTS (
             SELECT 1 FROM messages AS m
             WHERE m.run_id = w.run_id AND m.channel = w.name AND m.sequence > w.after_sequence
+        ))
+        OR (w.kind = 'update' AND EXISTS (
+            SELECT 1 FROM updates AS u
+            WHERE u.run_id = w.run_id AND u.name = w.name AND u.sequence > w.after_sequence
         ))
       )
 ) AS satisfied;
@@ -438,7 +442,7 @@ DELETE FROM messages WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest, at)
 SELECT w.run_id, w.name, 'canceled', NULL, NULL, NULL, :now
 FROM waits AS w JOIN runs AS r ON r.run_id = w.run_id
-WHERE w.run_id IN (SELECT value FROM json_each(:run_ids)) AND w.kind <> 'channel'
+WHERE w.run_id IN (SELECT value FROM json_each(:run_ids)) AND w.kind NOT IN ('channel', 'update')
   AND r.state IN ('running', 'needs_attention') AND r.cancel_requested = 0
 ON CONFLICT (run_id, name) DO NOTHING;
 
@@ -497,7 +501,7 @@ SELECT r.run_id FROM runs AS r
 WHERE r.state NOT IN ('succeeded', 'failed', 'canceled')
   AND r.run_id IN (
       SELECT w.run_id FROM waits AS w
-      WHERE w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
+      WHERE w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind NOT IN ('channel', 'update')
         AND NOT EXISTS (
             SELECT 1 FROM outcomes AS o WHERE o.run_id = w.run_id AND o.name = w.name
         )
@@ -509,7 +513,7 @@ INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest,
 SELECT w.run_id, w.name, 'timed_out', NULL, NULL, NULL, :now
 FROM waits AS w
 WHERE w.run_id IN (SELECT value FROM json_each(:run_ids))
-  AND w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind <> 'channel'
+  AND w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind NOT IN ('channel', 'update')
 ON CONFLICT (run_id, name) DO NOTHING
 RETURNING run_id;
 
@@ -549,8 +553,7 @@ DELETE FROM messages WHERE NOT EXISTS (
     WHERE r.run_id = messages.run_id AND r.state NOT IN ('succeeded', 'failed', 'canceled')
 );
 
--- == the operating surface: run pages and access tokens =======================
-
+-- == the operating surface: run pages and access tokens ================
 -- name: page_runs
 -- Keyset, newest first; with no page before, after_at is past every run.
 -- One query per filter, each walking its own index in order (a filter
@@ -626,3 +629,57 @@ DELETE FROM runs
 WHERE run_id IN (SELECT value FROM json_each(:run_ids))
   AND state IN ('succeeded', 'failed', 'canceled')
 RETURNING run_id;
+
+-- name: update_put
+-- Put-if-absent by (run_id, update_id); the sequence is read under the write lock.
+INSERT INTO updates (run_id, update_id, name, sequence, payload, state, response, at, settled_at)
+SELECT :run_id, :update_id, :name, coalesce(max(sequence), 0) + 1, :payload, 'pending', NULL, :now, NULL
+FROM updates WHERE run_id = :run_id
+ON CONFLICT (run_id, update_id) DO NOTHING
+RETURNING *;
+
+-- name: update_get
+SELECT * FROM updates WHERE run_id = :run_id AND update_id = :update_id;
+
+-- name: wake_on_update
+UPDATE runs SET
+    state = 'queued',
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state = 'waiting'
+  AND EXISTS (
+    SELECT 1 FROM waits
+    WHERE waits.run_id = :run_id AND waits.kind = 'update' AND waits.name = :name
+  )
+RETURNING run_id, app, generation, ledger_sequence;
+
+-- name: next_update
+SELECT * FROM updates
+WHERE run_id = :run_id AND name = :name AND sequence > :after_sequence
+ORDER BY sequence
+LIMIT 1;
+
+-- name: update_answer
+UPDATE updates SET state = 'answered', response = :response, settled_at = :now
+WHERE run_id = :run_id AND update_id = :update_id AND state = 'pending'
+RETURNING *;
+
+-- name: updates_abandon
+-- Updates a run ended without answering; their senders are told so.
+UPDATE updates SET state = 'abandoned', settled_at = :now
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state = 'pending'
+RETURNING run_id;
+
+-- name: live_ended
+-- Of runs that just ended, those someone may be following: with updates, or
+-- with events or stream items in their journal.
+SELECT r.value AS run_id FROM json_each(:run_ids) AS r
+WHERE EXISTS (SELECT 1 FROM updates AS u WHERE u.run_id = r.value)
+   OR EXISTS (
+      SELECT 1 FROM journal AS j
+      WHERE j.run_id = r.value AND j.kind IN ('event', 'stream', 'stream_close')
+   );
+
+-- name: journal_after
+SELECT * FROM journal WHERE run_id = :run_id AND position > :after_position ORDER BY position;

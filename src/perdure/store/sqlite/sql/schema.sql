@@ -138,3 +138,18 @@ CREATE INDEX tokens_app ON tokens (app, created_at);
 CREATE INDEX runs_page ON runs (app, created_at, run_id);
 CREATE INDEX runs_page_state ON runs (app, state, created_at, run_id);
 CREATE INDEX runs_page_workflow ON runs (app, workflow, created_at, run_id);
+CREATE TABLE updates (
+    run_id TEXT NOT NULL,
+    update_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL,
+    response TEXT,
+    at INTEGER NOT NULL,
+    settled_at INTEGER,
+    PRIMARY KEY (run_id, update_id)
+);
+
+-- Delivery order of one name, the order a run consumes them in.
+CREATE UNIQUE INDEX updates_order ON updates (run_id, name, sequence);
