@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from perdure import codec, errors, journal, records, validation
+from perdure import codec, errors, journal, records, telemetry, validation
 from perdure.store import port
 
 P = ParamSpec("P")
@@ -129,9 +129,13 @@ class RunHandle(Generic[R]):
 class Client:
     """Start, inspect and steer an app's runs through its store."""
 
-    def __init__(self, store: port.Store, app: str) -> None:
+    def __init__(
+        self, store: port.Store, app: str, telemetry: telemetry.Telemetry = telemetry.NONE
+    ) -> None:
         self.store = store
         self.app = app
+        # Runs started here carry the caller's trace context, for their spans.
+        self.telemetry = telemetry
 
     # -- runs -----------------------------------------------------------------
 
@@ -157,6 +161,7 @@ class Client:
         if key is not None and (not key or len(key) > 512):
             raise errors.InvalidInput("a run key must be 1 to 512 characters")
         text = codec.encode({"args": list(args), "kwargs": kwargs or {}})
+        text = telemetry.with_trace(text, self.telemetry.trace_context())
         new = port.NewRun(
             run_id=uuid.uuid4().hex,
             app=self.app,
@@ -234,6 +239,36 @@ class Client:
             )
             for e in entries
         ]
+
+    def attempts(self, run_id: str) -> list[records.StepAttempt]:
+        """Return the failed attempts of the run's steps, in journal order.
+
+        Raises:
+            errors.CorruptState: an entry's body is not of a shape this code writes.
+        """
+        self._run(run_id)
+        found: list[records.StepAttempt] = []
+        for entry in self.store.journal(run_id):
+            try:
+                failed = journal.failed_attempts(entry)
+            except ValueError as exc:
+                raise errors.CorruptState(
+                    run_id, "journal_attempts_shape", f"position {entry.position}: {exc}"
+                ) from exc
+            found += [
+                records.StepAttempt(
+                    entry.name,
+                    entry.position,
+                    a.attempt,
+                    a.code,
+                    a.type,
+                    a.message,
+                    a.traceback,
+                    a.duration,
+                )
+                for a in failed
+            ]
+        return found
 
     # -- waits and messages ---------------------------------------------------
 
@@ -426,6 +461,12 @@ class Client:
         )
         if entry is None:
             raise errors.NotResolvable(f"step {step!r} of run {run_id} has no unsettled effect")
+        try:
+            earlier = journal.failed_attempts(entry)
+        except ValueError as exc:
+            raise errors.CorruptState(
+                run_id, "journal_attempts_shape", f"position {entry.position}: {exc}"
+            ) from exc
         who = f"{getpass.getuser()}@{socket.gethostname()}"
         why = f"resolved by {who}" + (f": {note}" if note else "")
         if error is None:
@@ -435,6 +476,7 @@ class Client:
                 step,
                 "ok",
                 journal.Value(output).encode(),
+                journal.Attempts(earlier).encode(),
                 attempt=entry.attempt,
             )
             self.store.resolve(
@@ -446,7 +488,7 @@ class Client:
                 "step",
                 step,
                 "error",
-                error=journal.StepError("Resolved", error).encode(),
+                error=journal.StepError("Resolved", error, attempts=earlier).encode(),
                 attempt=entry.attempt,
             )
             run_error = codec.encode({"code": "resolved_failed", "message": error, "step": step})
@@ -559,12 +601,13 @@ class Client:
             app=self.app,
             workflow=run.workflow,
             version=run.version,
-            input=run.input,
+            input=telemetry.with_trace(run.input, self.telemetry.trace_context()),
         )
         self.store.create_run(new, recorded[:cut])
         return RunHandle[Any](self, new.run_id)
 
     aget = athread(get)
+    aattempts = athread(attempts)
     afork = athread(fork)
     aruns = athread(runs)
     aresult = athread(result)

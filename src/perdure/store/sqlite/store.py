@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from perdure import errors
-from perdure.store import ledger, port, rows, sqlfiles, transitions
+from perdure.store import census, ledger, port, rows, sqlfiles
 from perdure.store.sqlite import connection
 
 Row = sqlite3.Row
@@ -35,7 +35,7 @@ Cursor = connection.Tx
 _MIN_SQLITE = (3, 35, 0)
 
 
-class SqliteStore(connection.Connections, transitions.Transitions[Cursor]):
+class SqliteStore(connection.Connections, census.Census[Cursor]):
     """A :class:`port.Store` on one SQLite database file."""
 
     read = rows.Reader(rows.MICROSECONDS)

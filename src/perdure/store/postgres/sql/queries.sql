@@ -687,3 +687,14 @@ WITH waits_gone AS (
 SELECT (SELECT count(*) FROM waits_gone)
      + (SELECT count(*) FROM outcomes_gone)
      + (SELECT count(*) FROM messages_gone) AS n;
+
+-- name: census
+-- One row per state of the app's runs (one row of NULLs when it has none), each
+-- with the store's instant; oldest_due is the earliest due ready_at of a waiting run.
+SELECT s.state, s.n, s.oldest_due, c.at
+FROM (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS at) AS c
+LEFT JOIN LATERAL (
+    SELECT state, count(*) AS n,
+           min(ready_at) FILTER (WHERE state = 'waiting' AND ready_at <= c.at) AS oldest_due
+    FROM perdure.runs WHERE app = %(app)s GROUP BY state
+) AS s ON true;
