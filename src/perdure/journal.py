@@ -181,8 +181,9 @@ def _bounded(text: str, limit: int, *, keep_tail: bool = False) -> str:
 def traceback_summary(exc: BaseException) -> str:
     """Return the innermost frames of ``exc``'s traceback and its last line, bounded."""
     frames = traceback.extract_tb(exc.__traceback__)[-TRACEBACK_FRAMES:]
-    lines = [f"{f.filename}:{f.lineno} in {f.name}" for f in frames]
-    lines.append(traceback.format_exception_only(exc)[-1].strip())
+    # Each line is bounded too, so a huge message cannot push the frames out.
+    lines = [_bounded(f"{f.filename}:{f.lineno} in {f.name}", 200, keep_tail=True) for f in frames]
+    lines.append(_bounded(traceback.format_exception_only(exc)[-1].strip(), 500))
     return _bounded("\n".join(lines), TRACEBACK_LIMIT, keep_tail=True)
 
 
@@ -352,7 +353,9 @@ def retry_due(entry: Entry) -> bool:
     """Whether a ``started`` entry records an attempt whose effect certainly failed."""
     if entry.status != "started" or entry.error is None:
         return False
-    return AttemptFailed.decode(entry.error) is not None
+    # Only the code decides; the attempts it keeps are read (and checked) apart.
+    data = codec.decode(entry.error)
+    return isinstance(data, dict) and data.get("code") == "effect_failed"
 
 
 def unsettled(entry: Entry) -> bool:
