@@ -39,7 +39,7 @@ from perdure.errors import (
     WaitTimedOut,
     WorkflowNotFound,
 )
-from perdure.records import Message, Provenance, Receipt, RunInfo, Wait
+from perdure.records import Message, Provenance, Receipt, RunInfo, StepAttempt, Wait
 from perdure.registry import Workflow
 from perdure.worker import Worker
 
@@ -81,6 +81,7 @@ __all__ = [
     "RunNotFound",
     "SchemaTooNew",
     "StaleClaim",
+    "StepAttempt",
     "StepFailed",
     "StoreError",
     "StoreUnavailable",

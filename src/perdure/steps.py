@@ -236,6 +236,10 @@ class StepCall:
         self.failures = (*self.failures, journal.FailedAttempt.of(self.attempt, exc, duration))
         if once and not isinstance(exc, errors.EffectFailed):
             self.span.end("ambiguous", exc)
+            # The effect stays unsettled; its entry keeps what this attempt raised,
+            # for the operator who resolves it.
+            kept = journal.Attempts(self.failures).encode()
+            self.runtime.finish_step(self._entry("started", error=kept, attempt=self.attempt), [])
             raise Halt(
                 "needs_attention",
                 error_dict(

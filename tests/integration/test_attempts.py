@@ -137,3 +137,74 @@ def test_a_failure_is_stored_before_the_retry_and_survives_a_restart(make_app: A
     [entry] = app.store.journal(handle.run_id)
     assert (entry.status, entry.attempt) == ("ok", 2)
     assert [(a.attempt, a.message) for a in app.attempts(handle.run_id)] == [(1, "reset")]
+
+
+def test_an_ambiguous_once_step_keeps_its_error_for_the_operator(make_app: Any) -> None:
+    app = make_app()
+
+    @app.step(effect="once", retry=perdure.Retry(max_attempts=3, initial_delay=0))
+    def charge() -> str:
+        raise RuntimeError("socket closed mid-request")
+
+    @app.workflow()
+    def pay(ctx: perdure.Context) -> str:
+        result: str = charge()
+        return result
+
+    handle = app.start(pay)
+    with app.worker(**WORKER):
+        info = wait_state(app, handle.run_id, "needs_attention")
+    assert info.error is not None and info.error["code"] == "effect_outcome_unknown"
+    [kept] = app.attempts(handle.run_id)
+    assert (kept.attempt, kept.type, kept.message) == (
+        1,
+        "RuntimeError",
+        "socket closed mid-request",
+    )
+    assert kept.traceback and "in charge" in kept.traceback
+    app.resolve(handle.run_id, "charge", output="ch_1")
+    with app.worker(**WORKER):
+        assert handle.result(timeout=15) == "ch_1"
+    # The resolved outcome keeps the attempt that made it ambiguous.
+    assert [(a.attempt, a.type) for a in app.attempts(handle.run_id)] == [(1, "RuntimeError")]
+
+
+def test_a_fork_keeps_the_attempts_it_copies_and_retries_the_failed_step_afresh(
+    make_app: Any,
+) -> None:
+    app = make_app()
+    broken = {"on": True}
+    calls = {"reserve": 0}
+
+    @app.step(retry=perdure.Retry(max_attempts=3, initial_delay=0))
+    def reserve() -> str:
+        calls["reserve"] += 1
+        if calls["reserve"] == 1:
+            raise ConnectionError("flaky")
+        return "held"
+
+    @app.step(retry=perdure.Retry(max_attempts=2, initial_delay=0))
+    def ship() -> str:
+        if broken["on"]:
+            raise ValueError("no carrier")
+        return "shipped"
+
+    @app.workflow()
+    def order(ctx: perdure.Context) -> str:
+        return f"{reserve()} {ship()}"
+
+    handle = app.start(order)
+    with app.worker(**WORKER):
+        wait_state(app, handle.run_id, "failed")
+    assert [(a.step, a.attempt) for a in app.attempts(handle.run_id)] == [
+        ("reserve", 1),
+        ("ship", 1),
+        ("ship", 2),
+    ]
+    broken["on"] = False
+    forked = app.fork(handle.run_id)
+    with app.worker(**WORKER):
+        assert forked.result(timeout=15) == "held shipped"
+    # reserve's entry was copied with its failure; ship ran afresh and did not fail.
+    assert [(a.step, a.attempt) for a in app.attempts(forked.run_id)] == [("reserve", 1)]
+    assert calls["reserve"] == 2
