@@ -224,11 +224,14 @@ class Execution:
         return [by_key[run.key].run_id if run.key in by_key else run.run_id for run in new]
 
     def step_attempt(self, key: str, effect: str, attempt: int) -> telemetry.Span:
-        run = self.run_
-        observed = telemetry.StepAttempt(
-            run.run_id, run.app, run.workflow, run.version, key, attempt, effect
-        )
-        return _StepWatch(self.log, key, attempt, self.telemetry.step_attempt(self.span, observed))
+        span = telemetry.NO_SPAN
+        if self.telemetry is not telemetry.NONE:
+            run = self.run_
+            observed = telemetry.StepAttempt(
+                run.run_id, run.app, run.workflow, run.version, key, attempt, effect
+            )
+            span = self.telemetry.step_attempt(self.span, observed)
+        return _StepWatch(self.log, key, attempt, span)
 
     def begin_effect(self, entry: journal.Entry, marks: list[journal.Mark]) -> None:
         self._write(self.store.begin_effect, entry, marks)

@@ -165,7 +165,7 @@ class StepCall:
         self.attempt += 1
         if self.opts.effect == "once":
             # The earlier failures stay in the entry while the effect is in flight.
-            earlier = journal.Attempts(self.failures).encode()
+            earlier = journal.Attempts(self.failures).encode() if self.failures else None
             started = self._entry("started", error=earlier, attempt=self.attempt)
             self.runtime.begin_effect(started, [journal.Mark("effect_started", self.key)])
         else:
@@ -215,7 +215,7 @@ class StepCall:
         except errors.InvalidPayload as exc:
             self.failed(exc, final=True)
             raise  # failed() always raises here
-        earlier = journal.Attempts(self.failures).encode()
+        earlier = journal.Attempts(self.failures).encode() if self.failures else None
         entry = self._entry("ok", output=text, error=earlier, attempt=self.attempt)
         marks = [journal.Mark("step_completed", self.key, codec.digest(text))]
         if self.opts.effect != "once":
