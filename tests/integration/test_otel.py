@@ -7,6 +7,7 @@ lines to a file. Runs on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -373,3 +374,38 @@ def test_a_keyed_start_from_another_trace_returns_the_same_run(make_app: Any, ot
     assert second.run_id == first.run_id and not second.created
     with pytest.raises(perdure.errors.KeyConflict):
         app.start(once, 2, key=key)
+
+
+def test_async_steps_gathered_make_one_span_per_attempt(make_app: Any, otel: Otel) -> None:
+    app = make_app(telemetry=otel.telemetry)
+    calls = {"a": 0}
+
+    @app.step(retry=perdure.Retry(max_attempts=2, initial_delay=0))
+    async def fetch_a() -> str:
+        calls["a"] += 1
+        if calls["a"] == 1:
+            raise ConnectionError("a down")
+        return "a"
+
+    @app.step()
+    async def fetch_b() -> str:
+        return "b"
+
+    @app.workflow()
+    async def both(ctx: perdure.Context) -> list[str]:
+        return list(await asyncio.gather(fetch_a(), fetch_b()))
+
+    handle = app.start(both)
+    with app.worker(**WORKER):
+        assert handle.result(timeout=15) == ["a", "b"]
+    [run] = otel.finished("run ")
+    steps = otel.finished("step ")
+    assert sorted(
+        (s.name, attrs(s)["perdure.attempt"], attrs(s)["perdure.outcome"]) for s in steps
+    ) == [
+        ("step fetch_a", 1, "retrying"),
+        ("step fetch_a", 2, "succeeded"),
+        ("step fetch_b", 1, "succeeded"),
+    ]
+    assert run.context is not None
+    assert all(s.parent is not None and s.parent.span_id == run.context.span_id for s in steps)
