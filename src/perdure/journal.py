@@ -41,6 +41,7 @@ step machinery never import the store.
 
 from __future__ import annotations
 
+import os
 import traceback
 import uuid as _uuid
 from dataclasses import dataclass
@@ -168,6 +169,7 @@ class Uuid:
 # A failed attempt's record is bounded, so a step that fails with a huge
 # message or a deep stack cannot bloat its journal entry.
 MESSAGE_LIMIT = 1000
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 TRACEBACK_LIMIT = 2000
 TRACEBACK_FRAMES = 6
 
@@ -180,7 +182,11 @@ def _bounded(text: str, limit: int, *, keep_tail: bool = False) -> str:
 
 def traceback_summary(exc: BaseException) -> str:
     """Return the innermost frames of ``exc``'s traceback and its last line, bounded."""
-    frames = traceback.extract_tb(exc.__traceback__)[-TRACEBACK_FRAMES:]
+    every = traceback.extract_tb(exc.__traceback__)
+    # The engine's own frames (the attempt loop, step wrappers) say nothing
+    # about the failure; they are kept only when nothing else is left.
+    theirs = [f for f in every if not f.filename.startswith(_PACKAGE)] or every
+    frames = theirs[-TRACEBACK_FRAMES:]
     # Each line is bounded too, so a huge message cannot push the frames out.
     lines = [_bounded(f"{f.filename}:{f.lineno} in {f.name}", 200, keep_tail=True) for f in frames]
     lines.append(_bounded(traceback.format_exception_only(exc)[-1].strip(), 500))

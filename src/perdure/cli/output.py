@@ -134,7 +134,13 @@ def echo_attempts(attempts: Sequence[records.StepAttempt]) -> None:
     click.echo("")
     click.echo("failed attempts")
     for a in attempts:
-        took = "" if a.duration is None else f" after {a.duration:.3f}s"
+        took = ""
+        if a.duration is not None:
+            took = (
+                f" after {a.duration * 1000:.3g} ms"
+                if a.duration < 1
+                else f" after {a.duration:.2f} s"
+            )
         click.echo(
             f"  step {a.step} attempt {a.attempt}{took}: [{a.code}] {a.type}: "
             + _one_line(a.message)
