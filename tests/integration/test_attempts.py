@@ -48,6 +48,8 @@ def test_a_step_that_failed_twice_then_succeeded_shows_both_failures(
     ]
     assert all(a.duration is not None and a.duration >= 0 for a in found)
     assert all(a.traceback and "in fetch" in a.traceback for a in found)
+    # The engine's frames (the attempt loop) are left out of the summary.
+    assert all("perdure/steps.py" not in (a.traceback or "") for a in found)
     [entry] = app.store.journal(handle.run_id)
     assert (entry.status, entry.attempt) == ("ok", 3)
 
