@@ -7,7 +7,7 @@ import inspect
 import re
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
@@ -125,12 +125,32 @@ class App:
 
     # -- registry -------------------------------------------------------------
 
-    def workflow(self, name: str | None = None, *, version: str = "1") -> registry.Register:
+    # Bare ``@app.workflow`` passes the function itself as ``name``.
+    @overload
+    def workflow(  # type: ignore[overload-overlap]
+        self, name: Callable[Concatenate[context.Context, P], Coroutine[Any, Any, R]], /
+    ) -> registry.AsyncWorkflow[P, R]: ...
+
+    @overload
+    def workflow(
+        self, name: Callable[Concatenate[context.Context, P], R], /
+    ) -> registry.SyncWorkflow[P, R]: ...
+
+    @overload
+    def workflow(self, name: str | None = None, *, version: str = "1") -> registry.Register: ...
+
+    def workflow(self, name: str | Callable[..., Any] | None = None, *, version: str = "1") -> Any:
         """Register a workflow function; its first parameter receives the Context.
 
-        Returns a :class:`~perdure.registry.Workflow` that stays callable as
-        the function and types ``app.start`` and its handle.
+        Use it as ``@app.workflow``, ``@app.workflow()`` or
+        ``@app.workflow("name", version="2")``. Returns a
+        :class:`~perdure.registry.Workflow` that stays callable as the function
+        and types ``app.start`` and its handle.
         """
+        if callable(name):
+            return self.workflow(None, version=version)(name)
+        if name is not None and not isinstance(name, str):
+            raise errors.InvalidInput(f"a workflow name must be a string, got {name!r}")
 
         def register(fn: Callable[..., Any]) -> registry.Workflow[Any, Any]:
             wf_name = name or fn.__name__
@@ -196,14 +216,26 @@ class App:
 
         return declare(fn) if fn is not None else declare
 
+    @overload
+    def transaction(self, name: Callable[Concatenate[Any, P], R], /) -> Callable[P, R]: ...
+
+    @overload
     def transaction(
         self, name: str | None = None
-    ) -> Callable[[Callable[Concatenate[Any, P], R]], Callable[P, R]]:
+    ) -> Callable[[Callable[Concatenate[Any, P], R]], Callable[P, R]]: ...
+
+    def transaction(self, name: str | Callable[..., Any] | None = None) -> Any:
         """Declare a transactional step: ``fn(connection, ...)`` runs in the step's own commit.
 
-        The connection is the store's (``sqlite3.Connection`` or psycopg's);
-        its writes and the journal entry commit together or not at all.
+        Use it as ``@app.transaction``, ``@app.transaction()`` or
+        ``@app.transaction("name")``. The connection is the store's
+        (``sqlite3.Connection`` or psycopg's); its writes and the journal entry
+        commit together or not at all.
         """
+        if callable(name):
+            return self.transaction(None)(name)
+        if name is not None and not isinstance(name, str):
+            raise errors.InvalidInput(f"a transaction step name must be a string, got {name!r}")
 
         def declare(target: Callable[Concatenate[Any, P], R]) -> Callable[P, R]:
             opts = effects.StepOptions(

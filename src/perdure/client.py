@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from perdure import codec, errors, journal, records, telemetry, validation
+from perdure import codec, errors, journal, records, signals, telemetry, validation
 from perdure.store import port
 
 P = ParamSpec("P")
@@ -74,19 +74,6 @@ def _child_id(entry: port.JournalEntry) -> str | None:
         return journal.ChildStarted.decode(entry.output).run_id
     except journal.Unreadable:
         return None
-
-
-def receipt(outcome: port.Outcome) -> records.Receipt:
-    """Return the receipt every sender of this wait is shown."""
-    return records.Receipt(
-        wait_id=f"{outcome.run_id}/{outcome.name}",
-        run_id=outcome.run_id,
-        name=outcome.name,
-        outcome=outcome.outcome,
-        signal_id=outcome.signal_id,
-        at=outcome.at,
-        payload_digest=outcome.payload_digest,
-    )
 
 
 class RunHandle(Generic[R]):
@@ -275,77 +262,27 @@ class Client:
     def signal(
         self, run_id: str, name: str, payload: Any = None, signal_id: str | None = None
     ) -> records.Receipt:
-        """Settle the run's wait ``name`` with ``payload``; return the receipt.
+        """Settle the earliest open wait on ``name``, or the one wait ``name#k``.
+
+        A signal that arrives before the run waits is kept for its wait.
+        Returns the receipt of the wait it settled.
 
         Raises:
-            errors.WaitSettled: another signal, a timeout or a cancel settled it first.
-            errors.WaitExpired: its deadline had passed; it is now settled as timed out.
+            errors.WaitSettled: the one wait named was settled by another signal, a timeout
+                or a cancel (carries that receipt).
+            errors.WaitExpired: the wait it would settle was past its deadline; it is now
+                settled as timed out.
             errors.RunNotFound, errors.RunFinished.
         """
-        if not name or "/" in name or name.startswith("child:"):
-            raise errors.InvalidInput(
-                f"wait name {name!r} must be non-empty, without '/', and not a child's"
-            )
+        signals.target(name)  # a bad name is refused before anything is read
         run = self._run(run_id)
         if run.state in port.TERMINAL_STATES:
-            return self._ended_answer(run, name, signal_id)
-        sent_id = signal_id or uuid.uuid4().hex
-        text = codec.encode(payload)
-        offered = port.Outcome(
-            run_id, name, "signaled", sent_id, text, codec.digest(text), self.store.now()
-        )
+            return signals.ended_answer(self.store, run, name, signal_id)
         try:
-            stored, created = self.store.settle_wait(run_id, name, offered)
+            return signals.deliver(self.store, run, name, payload, signal_id)
         except errors.RunFinished:
             # The run ended after it was read: its journal answers, as above.
-            return self._ended_answer(self._run(run_id), name, signal_id)
-        signal_id = sent_id
-        found = receipt(stored)
-        if stored.outcome == "signaled" and stored.signal_id == signal_id:
-            return found
-        if stored.outcome == "timed_out" and created:
-            raise errors.WaitExpired(f"wait {found.wait_id} expired before this signal", found)
-        raise errors.WaitSettled(f"wait {found.wait_id} was already {stored.outcome}", found)
-
-    def _ended_answer(self, run: port.Run, name: str, signal_id: str | None) -> records.Receipt:
-        """Answer a signal to an ended run from its journal: a sender's retry gets its receipt.
-
-        Raises:
-            errors.WaitSettled: the wait was settled otherwise (carries the receipt).
-            errors.RunFinished: the run ended without settling that wait.
-        """
-        applied = self._applied_receipt(run, name)
-        if applied is None:
-            raise errors.RunFinished(run.run_id, run.state)
-        if applied.outcome == "signaled" and signal_id and applied.signal_id == signal_id:
-            return applied
-        raise errors.WaitSettled(f"wait {applied.wait_id} was already {applied.outcome}", applied)
-
-    def _applied_receipt(self, run: port.Run, name: str) -> records.Receipt | None:
-        """Rebuild a wait's receipt from the journal of an ended run (its records are gone)."""
-        for entry in self.store.journal(run.run_id):
-            if entry.kind != "wait" or entry.name != name or entry.status == "started":
-                continue
-            try:
-                if entry.status == "ok":
-                    signaled = journal.Signaled.decode(entry.output)
-                    outcome, at = "signaled", signaled.at
-                    signal_id, digest = signaled.signal_id, signaled.digest
-                else:
-                    ended = journal.WaitEnded.decode(entry.error)
-                    outcome, at, signal_id, digest = ended.outcome, ended.at, None, None
-            except journal.Unreadable:
-                return None  # a shape from before receipts were kept
-            return records.Receipt(
-                wait_id=f"{run.run_id}/{name}",
-                run_id=run.run_id,
-                name=name,
-                outcome=outcome,
-                signal_id=signal_id,
-                at=at,
-                payload_digest=digest,
-            )
-        return None
+            return signals.ended_answer(self.store, self._run(run_id), name, signal_id)
 
     def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
         """Store a channel message; False when ``key`` was already sent (first payload wins)."""

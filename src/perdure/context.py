@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from perdure import codec, errors, journal, records, replay, steps
+from perdure import codec, errors, journal, records, replay, signals, steps
 
 _CURRENT: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "perdure_context", default=None
@@ -222,8 +222,10 @@ class Context:
         Raises:
             errors.WaitTimedOut: the timeout won the race.
         """
-        if not name or "/" in name or name.startswith("child:"):
-            raise errors.InvalidInput(f"wait name {name!r} must be non-empty, without '/'")
+        signals.check_wait_name(name)
+        # Each wait on a name is a wait of its own (name, name#2, ...): a signal
+        # settles the earliest one without an outcome.
+        name = self._cursor.wait_key(name)
         done, deadline = self._open("wait", name, timeout)
         if done is None:
             outcome = self._runtime.outcome(name)

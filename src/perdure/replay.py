@@ -36,6 +36,7 @@ class JournalCursor:
         self._entries = list(entries)
         self._position = 0
         self._names: Counter[str] = Counter()
+        self._waits: Counter[str] = Counter()
 
     @property
     def position(self) -> int:
@@ -51,6 +52,11 @@ class JournalCursor:
         """Return the key of the next call of step ``name`` (``name``, ``name#2``, ...)."""
         self._names[name] += 1
         return effects.step_key(name, self._names[name])
+
+    def wait_key(self, name: str) -> str:
+        """Return the key of the next wait on ``name`` (``name``, ``name#2``, ...)."""
+        self._waits[name] += 1
+        return effects.step_key(name, self._waits[name])
 
     def next(self, call: Call) -> port.JournalEntry | None:
         """Advance to the next position and return its recorded entry, or None to execute.
@@ -92,3 +98,4 @@ class JournalCursor:
         """Go back to the start for another pass over the same code."""
         self._position = 0
         self._names.clear()
+        self._waits.clear()

@@ -157,12 +157,13 @@ def test_a_refused_signal_prints_the_stored_receipt_and_exits_1(shop: Shop) -> N
     assert first.exit_code == 0, (first.stdout, first.stderr)
     stored = receipt_doc(shop, rid)
 
-    other = shop.cli("signal", rid, "go", "--payload", '"no"', "--signal-id", "s2")
+    # Naming the first wait exactly (the bare name would keep it for a second wait).
+    other = shop.cli("signal", rid, "go#1", "--payload", '"no"', "--signal-id", "s2")
     line = refused(other, "wait_settled")
     assert f"{rid}/go" in line
     assert other.stdout.splitlines() == receipt_lines(stored)
 
-    as_json = shop.cli("signal", rid, "go", "--signal-id", "s3", "--json")
+    as_json = shop.cli("signal", rid, "go#1", "--signal-id", "s3", "--json")
     refused(as_json, "wait_settled")
     doc = json.loads(as_json.stdout)
     assert doc["refused"]["code"] == "wait_settled"
@@ -181,7 +182,7 @@ def test_a_signal_after_the_deadline_is_refused_with_the_timeout_receipt(
     assert (stored["signal_id"], stored["payload_digest"]) == (None, None)
     assert json.loads(late.stdout)["receipt"] == stored
     # Now settled: the next one is told it was settled, with the same receipt.
-    later = stale_shop.cli("signal", rid, "go", "--payload", "1", "--signal-id", "late")
+    later = stale_shop.cli("signal", rid, "go#1", "--payload", "1", "--signal-id", "late")
     refused(later, "wait_settled")
     assert later.stdout.splitlines() == receipt_lines(stored)
     assert stale_shop.app.get(rid).state == "queued"
@@ -321,7 +322,7 @@ def test_python_m_perdure_signal_exit_codes(shop: Shop) -> None:
     done = perdure_cli("signal", rid, "go", "--payload", "[1]", "--signal-id", "p1", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == receipt_doc(shop, rid)
-    other = perdure_cli("signal", rid, "go", "--payload", "[2]", "--signal-id", "p2")
+    other = perdure_cli("signal", rid, "go#1", "--payload", "[2]", "--signal-id", "p2")
     assert other.returncode == 1
     assert other.stderr.startswith("perdure: refused: [wait_settled] ")
     assert other.stdout.splitlines() == receipt_lines(receipt_doc(shop, rid))

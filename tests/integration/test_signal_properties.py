@@ -48,6 +48,9 @@ PAST_DEADLINE = TIMEOUT + timedelta(seconds=1)
 LEASE = 3.0  # seconds of the hand-driven claims
 PAST_LEASE = timedelta(seconds=LEASE + 1)
 SIGNAL_IDS = ("s-a", "s-b", "s-c")
+# Signals here name gate's one wait exactly: a signal to the bare name "go" would
+# be kept for a later wait instead (test_repeated_waits.py models that).
+ONE_WAIT = "go#1"
 LIMIT = 15.0
 WORKER: dict[str, Any] = {"concurrency": 8, "lease_ttl": 2, "heartbeat": 0.5, "poll_interval": 0.2}
 
@@ -185,32 +188,32 @@ def check_signal(app: perdure.App, m: Model, signal_id: str, payload: Any) -> No
         assert applied or m.state == "canceled"
         if not applied:
             with pytest.raises(perdure.RunFinished):
-                app.signal(m.run_id, "go", payload, signal_id=signal_id)
+                app.signal(m.run_id, ONE_WAIT, payload, signal_id=signal_id)
             return
         assert m.outcome is not None
         if m.outcome.kind == "signaled" and m.outcome.signal_id == signal_id:
-            assert app.signal(m.run_id, "go", payload, signal_id=signal_id) == m.receipt()
+            assert app.signal(m.run_id, ONE_WAIT, payload, signal_id=signal_id) == m.receipt()
             return
         with pytest.raises(perdure.WaitSettled) as settled:
-            app.signal(m.run_id, "go", payload, signal_id=signal_id)
+            app.signal(m.run_id, ONE_WAIT, payload, signal_id=signal_id)
         assert settled.value.receipt == m.receipt()
         return
     if m.outcome is None and m.expired:
         m.settle("timed_out")
         with pytest.raises(perdure.WaitExpired) as expired:
-            app.signal(m.run_id, "go", payload, signal_id=signal_id)
+            app.signal(m.run_id, ONE_WAIT, payload, signal_id=signal_id)
         assert expired.value.receipt == m.receipt()
         return
     if m.outcome is None:
         m.settle("signaled", signal_id, payload)
-        assert app.signal(m.run_id, "go", payload, signal_id=signal_id) == m.receipt()
+        assert app.signal(m.run_id, ONE_WAIT, payload, signal_id=signal_id) == m.receipt()
         return
     if m.outcome.kind == "signaled" and m.outcome.signal_id == signal_id:
         # A repeat: the original receipt, whatever the payload this time.
-        assert app.signal(m.run_id, "go", payload, signal_id=signal_id) == m.receipt()
+        assert app.signal(m.run_id, ONE_WAIT, payload, signal_id=signal_id) == m.receipt()
         return
     with pytest.raises(perdure.WaitSettled) as settled:
-        app.signal(m.run_id, "go", payload, signal_id=signal_id)
+        app.signal(m.run_id, ONE_WAIT, payload, signal_id=signal_id)
     assert settled.value.receipt == m.receipt()
 
 
@@ -484,7 +487,7 @@ def test_racing_signals_have_one_winner(race_app: tuple[perdure.App, FakeClock])
     winners: dict[str, str | None] = {}
     for rid in run_ids:
         ids = [f"sig-{i}" for i in range(6)]
-        results = race([lambda r=rid, s=s: app.signal(r, "go", s, signal_id=s) for s in ids])
+        results = race([lambda r=rid, s=s: app.signal(r, ONE_WAIT, s, signal_id=s) for s in ids])
         won = [value for kind, value in results if kind == "ok"]
         lost = [value for kind, value in results if kind == "raised"]
         assert len(won) == 1, results
@@ -510,7 +513,9 @@ def test_racing_repeats_of_one_signal_all_get_the_same_receipt(
 ) -> None:
     app, _ = race_app
     (rid,) = parked_runs(app, 1)
-    results = race([lambda r=rid, i=i: app.signal(r, "go", i, signal_id="same") for i in range(6)])
+    results = race(
+        [lambda r=rid, i=i: app.signal(r, ONE_WAIT, i, signal_id="same") for i in range(6)]
+    )
     assert all(kind == "ok" for kind, _ in results), results
     receipts = {value for _, value in results}
     assert len(receipts) == 1
@@ -528,7 +533,7 @@ def test_racing_late_signals_one_expires_the_wait(
     clock.advance(PAST_DEADLINE.total_seconds())
     for rid in run_ids:
         results = race(
-            [lambda r=rid, i=i: app.signal(r, "go", i, signal_id=f"late-{i}") for i in range(6)]
+            [lambda r=rid, i=i: app.signal(r, ONE_WAIT, i, signal_id=f"late-{i}") for i in range(6)]
         )
         errors = [value for _, value in results]
         assert all(kind == "raised" for kind, _ in results), results
@@ -556,7 +561,7 @@ def test_racing_signals_deadlines_and_cancels_leave_one_outcome(
             for kind in ("timed_out", "canceled", "timed_out", "canceled")
         ]
         work: list[Callable[[], Any]] = [
-            lambda r=rid, s=s: app.signal(r, "go", s, signal_id=s) for s in ("x", "y", "z")
+            lambda r=rid, s=s: app.signal(r, ONE_WAIT, s, signal_id=s) for s in ("x", "y", "z")
         ]
         work += [lambda r=rid, o=o: app.store.settle_wait(r, "go", o) for o in offers]
         results = race(work)
@@ -601,8 +606,8 @@ def test_racing_cancel_listing_sweep_and_signals_past_the_deadline(
         (rid,) = parked_runs(app, 1)
         clock.advance(PAST_DEADLINE.total_seconds())
         work: list[Callable[[], Any]] = [
-            lambda r=rid: app.signal(r, "go", 1, signal_id="a"),
-            lambda r=rid: app.signal(r, "go", 2, signal_id="b"),
+            lambda r=rid: app.signal(r, ONE_WAIT, 1, signal_id="a"),
+            lambda r=rid: app.signal(r, ONE_WAIT, 2, signal_id="b"),
             lambda r=rid: app.waits(r),
             app.store.sweep,
             lambda r=rid: app.cancel(r),

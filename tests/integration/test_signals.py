@@ -338,7 +338,7 @@ def test_a_signal_from_another_process_is_applied_by_the_worker(
 # -- one outcome per wait ---------------------------------------------------------------
 
 
-def test_a_repeat_returns_the_original_receipt_and_another_signal_is_refused(
+def test_a_repeat_returns_the_original_receipt_and_another_signal_is_kept_for_the_next_wait(
     make_app: Callable[..., perdure.App],
 ) -> None:
     clock = FakeClock()
@@ -359,13 +359,24 @@ def test_a_repeat_returns_the_original_receipt_and_another_signal_is_refused(
         return await app.asignal(rid, "go", {"v": 2}, signal_id="s-1")
 
     assert asyncio.run(repeat_async()) == first
+    # Naming the first wait itself: it is settled, so any other signal is refused.
     for other in ({"signal_id": "s-2"}, {}):
         with pytest.raises(perdure.WaitSettled) as refused:
-            app.signal(rid, "go", {"v": 3}, **other)
+            app.signal(rid, "go#1", {"v": 3}, **other)
         assert refused.value.receipt == first
         assert refused.value.code == "wait_settled"
-    (stored,) = app.store.outcomes(rid)
-    assert (stored.signal_id, stored.payload, stored.at) == ("s-1", codec.encode({"v": 1}), T0)
+    # Naming the wait name: another signal is kept for the run's second wait on it.
+    second = app.signal(rid, "go", {"v": 3}, signal_id="s-2")
+    assert second.wait_id == f"{rid}/go#2"
+    assert (second.name, second.outcome, second.signal_id) == ("go#2", "signaled", "s-2")
+    assert app.signal(rid, "go", {"v": 4}, signal_id="s-2") == second
+    stored = {o.name: o for o in app.store.outcomes(rid)}
+    assert sorted(stored) == ["go", "go#2"]
+    assert (stored["go"].signal_id, stored["go"].payload, stored["go"].at) == (
+        "s-1",
+        codec.encode({"v": 1}),
+        T0,
+    )
     assert kinds(app, rid).count("woken") == 1
 
     with app.worker(**WORKER):
@@ -374,9 +385,11 @@ def test_a_repeat_returns_the_original_receipt_and_another_signal_is_refused(
     # a sender's retry with the original receipt, and refuses any other.
     assert not app.store.outcomes(rid)
     assert app.signal(rid, "go", {"v": 1}, signal_id="s-1") == first
-    with pytest.raises(perdure.WaitSettled) as refused_after:
-        app.signal(rid, "go", {"v": 1}, signal_id="s-9")
-    assert refused_after.value.receipt == first
+    # The second signal was never waited for: it ended with the run, unapplied.
+    for signal_id in ("s-9", "s-2"):
+        with pytest.raises(perdure.WaitSettled) as refused_after:
+            app.signal(rid, "go", {"v": 1}, signal_id=signal_id)
+        assert refused_after.value.receipt == first
 
 
 def test_a_signal_after_the_deadline_is_refused_and_the_run_times_out(
@@ -399,12 +412,14 @@ def test_a_signal_after_the_deadline_is_refused_and_the_run_times_out(
     (stored,) = app.store.outcomes(rid)
     assert (stored.outcome, stored.signal_id, stored.payload) == ("timed_out", None, None)
     assert app.get(rid).state == "queued"
-    # The timeout is settled: every later signal, even a repeat, sees that receipt.
+    # The timeout is settled: every later signal to that wait, even a repeat, sees it.
     for signal_id in ("late-1", "late-2"):
         with pytest.raises(perdure.WaitSettled) as settled:
-            app.signal(rid, "go", "later still", signal_id=signal_id)
+            app.signal(rid, "go#1", "later still", signal_id=signal_id)
         assert settled.value.receipt == timed_out
     assert app.waits(rid) == []
+    # A later signal on the name is kept for a second wait, which this run never makes.
+    assert app.signal(rid, "go", "for the next wait").wait_id == f"{rid}/go#2"
 
     with app.worker(**WORKER):
         assert app.handle(rid).result(timeout=LIMIT) == {"branch": "timed_out"}
@@ -440,7 +455,7 @@ def test_a_signal_just_before_the_deadline_wins_over_it(
     (stored,) = app.store.outcomes(rid)
     assert (stored.outcome, stored.signal_id) == ("signaled", "s")
     with pytest.raises(perdure.WaitSettled) as refused:
-        app.signal(rid, "go", "late")
+        app.signal(rid, "go#1", "late")
     assert refused.value.receipt == receipt
     with app.worker(**WORKER):
         assert app.handle(rid).result(timeout=LIMIT) == {"branch": "signaled", "payload": "in time"}
@@ -504,7 +519,7 @@ def test_a_canceled_outcome_refuses_signals_and_cancels_the_run(
     assert created and stored.outcome == "canceled"
     assert app.get(rid).state == "queued"
     with pytest.raises(perdure.WaitSettled) as refused:
-        app.signal(rid, "go", "yes")
+        app.signal(rid, "go#1", "yes")
     assert refused.value.receipt == expected_receipt(rid, "go", "canceled", T0)
     again, created = app.store.settle_wait(
         rid, "go", port.Outcome(rid, "go", "timed_out", None, None, None, clock.now())
@@ -585,7 +600,7 @@ def test_waits_lists_open_waits_and_settles_expired_ones(
     assert app.get(a).state == "queued"
     assert app.get(b).state == "waiting"
     with pytest.raises(perdure.WaitSettled) as refused:
-        app.signal(a, "go", "late")
+        app.signal(a, "go#1", "late")
     assert refused.value.receipt.outcome == "timed_out"
     with app.worker(**WORKER):
         assert app.handle(a).result(timeout=LIMIT) == {"branch": "timed_out"}
@@ -604,7 +619,7 @@ def test_a_sweep_settles_an_expired_wait_with_no_worker_running(
     assert stored.outcome == "timed_out"
     assert app.get(rid).state == "queued"
     with pytest.raises(perdure.WaitSettled):
-        app.signal(rid, "go", 1)
+        app.signal(rid, "go#1", 1)
 
 
 def test_resume_refuses_an_open_wait_and_requeues_a_settled_one(

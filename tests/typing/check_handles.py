@@ -26,6 +26,30 @@ async def notify(ctx: perdure.Context, user: str) -> bool:
     return bool(user)
 
 
+@app.workflow
+def bare(ctx: perdure.Context, n: int) -> str:
+    return str(n)
+
+
+@app.workflow
+async def bare_async(ctx: perdure.Context) -> int:
+    return 1
+
+
+@app.transaction
+def bare_tx(connection: Any, n: int) -> int:
+    return n
+
+
+def bare_decorators() -> None:
+    typed: SyncWorkflow[[int], str] = bare
+    assert typed
+    assert_type(bare_async, AsyncWorkflow[[], int])
+    assert_type(app.start(bare, 3).result(), str)
+    assert_type(bare_tx(2), int)
+    app.start(bare, "3")  # type: ignore[call-overload]
+
+
 def typed_handles() -> None:
     typed: SyncWorkflow[[str, int], dict[str, int]] = checkout
     typed_async: AsyncWorkflow[[str], bool] = notify

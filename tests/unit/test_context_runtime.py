@@ -349,7 +349,7 @@ def test_the_workflow_layers_import_no_store_and_no_worker(module: Any) -> None:
 
 def _allowed(module: Any) -> set[str]:
     return {
-        context: {"codec", "errors", "journal", "records", "replay", "steps"},
+        context: {"codec", "errors", "journal", "records", "replay", "signals", "steps"},
         replay: {"effects", "errors", "validation"},
         journal: {"codec"},
         execution: {

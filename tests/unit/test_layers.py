@@ -37,6 +37,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.plans",
             "perdure.clockwatch",
             "perdure.otel",
+            "perdure.signals",
         }
     },
     {"steps": {"perdure.steps"}, "client": {"perdure.client"}},

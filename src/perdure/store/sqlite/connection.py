@@ -111,8 +111,12 @@ class Result:
         return iter(self._rows)
 
 
+# Values SQLite takes as they are: checked first, since nearly every value is one.
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+
+
 def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -> Result:
-    """Run a named query.
+    """Run a named query (``params`` is converted in place).
 
     Raises:
         errors.StoreUnavailable: SQLite could not run it (locked, I/O, no schema).
@@ -121,12 +125,14 @@ def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -> Re
     # plain tuples for the bodies of transaction_step.
     cursor = conn.cursor()
     cursor.row_factory = sqlite3.Row
-    values = {name: _param(value) for name, value in params.items()}
+    for name, value in params.items():
+        if value.__class__ not in _PLAIN:
+            params[name] = _param(value)
     found: list[sqlite3.Row] = []
     changed = 0
     try:
         for statement in _Q[query]:
-            cursor.execute(statement, values)
+            cursor.execute(statement, params)
             # fetchall also finishes the statement, which COMMIT requires.
             found += cursor.fetchall()
             changed += max(0, cursor.rowcount)
@@ -151,17 +157,19 @@ class _Group:
 class Tx:
     """One connection inside one transaction (or one read), with the instant it runs at."""
 
-    __slots__ = ("conn", "notify", "now")
+    __slots__ = ("_now_us", "conn", "notify", "now")
 
     def __init__(self, conn: sqlite3.Connection, now: datetime) -> None:
         self.conn = conn
         self.now = now
+        self._now_us = rows.to_us(now)
         # Set by a write that makes a run ready: waiters are woken after COMMIT.
         self.notify = False
 
     def execute(self, query: str, params: dict[str, Any]) -> Result:
         """Run the named query ``query``; ``now`` is always passed."""
-        return _execute(self.conn, query, {"now": self.now, **params})
+        params["now"] = self._now_us
+        return _execute(self.conn, query, params)
 
 
 class Connections:

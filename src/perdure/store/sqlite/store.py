@@ -70,6 +70,29 @@ class SqliteStore(connection.Connections, census.Census[Cursor]):
         # a scan per row, so the columns travel zipped, one JSON array per row.
         return {"batch": list(zip(*arrays.values(), strict=True))}
 
+    # SQLite has no arrays: a JSON batch read with json_each costs more to
+    # encode and decode than the statements it saves, and a step writes one
+    # or two rows. So the hot path writes one row per statement.
+    def _put_journal(self, cur: Cursor, run_id: str, entries: Sequence[port.JournalEntry]) -> None:
+        for entry in entries:
+            written = self._exec(cur, "journal_put", run_id=run_id, **vars(entry)).fetchone()
+            if written is None:
+                raise rows.corrupt(
+                    run_id,
+                    "journal_position_taken",
+                    f"position {entry.position} holds a recorded entry",
+                )
+
+    def _append(self, cur: Cursor, receipts: Sequence[ledger.Receipt]) -> None:
+        due: dict[str, None] = {}
+        for receipt in receipts:
+            stored = self._exec(cur, "ledger_append", **vars(receipt)).fetchone()
+            # A receipt past the bound is not stored, and then older ones are due too.
+            if stored is None or stored["due"]:
+                due[receipt.run_id] = None
+        for run_id in due:
+            self._exec(cur, "ledger_trim", run_id=run_id)
+
     def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
         cur.notify = True
 

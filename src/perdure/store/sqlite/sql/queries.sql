@@ -249,16 +249,14 @@ WHERE run_id = :run_id AND generation = :generation AND state = 'running'
 RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
 
 -- name: journal_put
--- An existing position is replaced only while it is 'started'; any other is
--- left alone and missing from RETURNING, and the caller refuses.
--- :batch rows are [position, kind, name, status, output, error, attempt].
+-- One row per call: SQLite has no arrays, and decoding a JSON batch costs
+-- more than the statement it saves. An existing position is replaced only
+-- while it is 'started'; any other is left alone and returns no row, and the
+-- caller refuses.
 INSERT INTO journal (
     run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
 )
-SELECT :run_id, json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'),
-       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), json_extract(b.value, '$[6]'), :now, :now
-FROM json_each(:batch) AS b
-WHERE true
+VALUES (:run_id, :position, :kind, :name, :status, :output, :error, :attempt, :now, :now)
 ON CONFLICT (run_id, position) DO UPDATE SET
     kind = excluded.kind,
     name = excluded.name,
@@ -271,22 +269,21 @@ WHERE journal.status = 'started'
 RETURNING position;
 
 -- name: ledger_append
--- Receipts arrive numbered (the runs' ledger_sequence was raised by the same
+-- One receipt, numbered (the run's ledger_sequence was raised by the same
 -- transaction). Each run keeps its newest receipts, as many as its own
--- ledger_limit, counting the new ones: a transition with more receipts than
--- that stores only its last ones.
--- :batch rows are [run_id, sequence, kind, generation, worker, step, digest, note].
+-- ledger_limit, counting the new ones: a receipt already past the bound is
+-- not stored.
 INSERT INTO ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
-SELECT json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), :now, json_extract(b.value, '$[3]'),
-       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), json_extract(b.value, '$[6]'), json_extract(b.value, '$[7]')
-FROM json_each(:batch) AS b
-JOIN runs AS u ON u.run_id = json_extract(b.value, '$[0]')
-WHERE json_extract(b.value, '$[1]') > u.ledger_sequence - u.ledger_limit;
-DELETE FROM ledger WHERE (run_id, sequence) IN (
-    SELECT l.run_id, l.sequence
-    FROM runs AS u
-    JOIN ledger AS l ON l.run_id = u.run_id AND l.sequence <= u.ledger_sequence - u.ledger_limit
-    WHERE u.run_id IN (SELECT json_extract(b.value, '$[0]') FROM json_each(:batch) AS b)
+SELECT :run_id, :sequence, :kind, :now, :generation, :worker, :step, :digest, :note
+FROM runs AS u
+WHERE u.run_id = :run_id AND :sequence > u.ledger_sequence - u.ledger_limit
+RETURNING sequence > (SELECT ledger_limit FROM runs WHERE run_id = :run_id) AS due;
+
+-- name: ledger_trim
+-- Once per run and write, only once the run has passed its bound (ledger_append
+-- says when): drops what the bound no longer keeps.
+DELETE FROM ledger WHERE run_id = :run_id AND sequence <= (
+    SELECT ledger_sequence - ledger_limit FROM runs WHERE run_id = :run_id
 );
 
 -- name: park_waits
