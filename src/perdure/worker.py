@@ -255,9 +255,10 @@ class Worker:
             effect = execution.unsettled_effect()
             if effect is not None:
                 execution.log.warning(
-                    "left in flight by worker %s during the once step: its outcome is "
+                    "left in flight by worker %s during the once step %s: its outcome is "
                     "unknown, so the run will need attention (effect_outcome_unknown)",
                     self.worker_id,
+                    effect,
                     step=effect,
                 )
             else:
