@@ -48,7 +48,7 @@ from perdure.errors import (
     WorkflowNotFound,
 )
 from perdure.live import RunView
-from perdure.records import Message, Provenance, Receipt, RunInfo, Update, Wait
+from perdure.records import Message, Provenance, Receipt, RunInfo, StepAttempt, Update, Wait
 from perdure.registry import Workflow
 from perdure.worker import Worker
 
@@ -94,6 +94,7 @@ __all__ = [
     "RunView",
     "SchemaTooNew",
     "StaleClaim",
+    "StepAttempt",
     "StepFailed",
     "StoreDamaged",
     "StoreError",

@@ -13,6 +13,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 from perdure import client as client_api
 from perdure import codec, context, effects, errors, registry
+from perdure import telemetry as telemetry_api
 from perdure import worker as worker_api
 from perdure.store import DEFAULT_LEDGER_LIMIT, default_url, open_store, port
 
@@ -57,7 +58,9 @@ class App:
     wrapper such as :class:`perdure.testing.faults.FaultyStore`) is used as
     given. ``ledger_limit`` is how many provenance receipts the runs this app
     creates keep; it is stored with each run, so other processes keep and
-    check that run by the same bound.
+    check that run by the same bound. ``telemetry`` receives the engine's
+    instrumentation hooks (``perdure.otel.OpenTelemetry()`` for spans and
+    metrics; the default does nothing).
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class App:
         max_failures: int = 8,
         payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT,
         retention: timedelta | None = DEFAULT_RETENTION,
+        telemetry: telemetry_api.Telemetry | None = None,
     ) -> None:
         if not _NAME.match(name):
             raise errors.InvalidInput(f"app name {name!r} must be a short identifier")
@@ -88,6 +92,7 @@ class App:
         self.max_failures = max_failures
         self.payload_limit = payload_limit
         self.retention = retention
+        self.telemetry = telemetry or telemetry_api.NONE
         self._workflows: dict[str, registry.WorkflowDef] = {}
         self._store: port.Store | None = None if isinstance(store, str | None) else store
         self._store_given = self._store is not None
@@ -118,7 +123,7 @@ class App:
         """The app's client: the calls that need no workflow code."""
         if self._client is None:
             self._client = client_api.Client(
-                self.store, self.name, payload_limit=self.payload_limit
+                self.store, self.name, self.telemetry, payload_limit=self.payload_limit
             )
         return self._client
 
@@ -361,6 +366,8 @@ class App:
     resolve = _ClientCall(client_api.Client.resolve)
     children = _ClientCall(client_api.Client.children)
     history = _ClientCall(client_api.Client.history)
+    attempts = _ClientCall(client_api.Client.attempts)
+    aattempts = _ClientCall(client_api.Client.aattempts)
     aget = _ClientCall(client_api.Client.aget)
     aruns = _ClientCall(client_api.Client.aruns)
     asignal = _ClientCall(client_api.Client.asignal)
@@ -457,6 +464,7 @@ class App:
         # way: from the URL, on the store's own clock.
         if not self._store_given and self.clock is None:
             options.setdefault("store_url", self.url or default_url())
+        options.setdefault("telemetry", self.telemetry)
         return worker_api.Worker(
             self, store, concurrency=concurrency, lease_ttl=ttl, heartbeat=beat, **options
         )

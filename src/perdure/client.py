@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from perdure import codec, errors, journal, liveclient, records, signals, validation
+from perdure import codec, errors, journal, liveclient, records, signals, telemetry, validation
 from perdure.store import port
 
 P = ParamSpec("P")
@@ -117,16 +117,23 @@ class Client(liveclient.LiveCalls):
     """Start, inspect and steer an app's runs through its store.
 
     The calls that talk to live runs (updates, events, streams) are
-    :class:`~perdure.liveclient.LiveCalls`'.
+    :class:`~perdure.liveclient.LiveCalls`'s.
     """
 
     def __init__(
-        self, store: port.Store, app: str, *, payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT
+        self,
+        store: port.Store,
+        app: str,
+        telemetry: telemetry.Telemetry = telemetry.NONE,
+        *,
+        payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT,
     ) -> None:
         if payload_limit < 1:
             raise errors.InvalidInput(f"payload_limit must be at least 1, got {payload_limit}")
         self.store = store
         self.app = app
+        # Runs started here carry the caller's trace context, for their spans.
+        self.telemetry = telemetry
         self.payload_limit = payload_limit
 
     # -- runs -----------------------------------------------------------------
@@ -157,6 +164,7 @@ class Client(liveclient.LiveCalls):
             self.payload_limit,
             "the run's input",
         )
+        text = telemetry.with_trace(text, self.telemetry.trace_context())
         new = port.NewRun(
             run_id=uuid.uuid4().hex,
             app=self.app,
@@ -243,6 +251,36 @@ class Client(liveclient.LiveCalls):
             )
             for e in entries
         ]
+
+    def attempts(self, run_id: str) -> list[records.StepAttempt]:
+        """Return the failed attempts of the run's steps, in journal order.
+
+        Raises:
+            errors.CorruptState: an entry's body is not of a shape this code writes.
+        """
+        self._run(run_id)
+        found: list[records.StepAttempt] = []
+        for entry in self.store.journal(run_id):
+            try:
+                failed = journal.failed_attempts(entry)
+            except ValueError as exc:
+                raise errors.CorruptState(
+                    run_id, "journal_attempts_shape", f"position {entry.position}: {exc}"
+                ) from exc
+            found += [
+                records.StepAttempt(
+                    entry.name,
+                    entry.position,
+                    a.attempt,
+                    a.code,
+                    a.type,
+                    a.message,
+                    a.traceback,
+                    a.duration,
+                )
+                for a in failed
+            ]
+        return found
 
     # -- waits and messages ---------------------------------------------------
 
@@ -386,6 +424,12 @@ class Client(liveclient.LiveCalls):
         )
         if entry is None:
             raise errors.NotResolvable(f"step {step!r} of run {run_id} has no unsettled effect")
+        try:
+            earlier = journal.failed_attempts(entry)
+        except ValueError as exc:
+            raise errors.CorruptState(
+                run_id, "journal_attempts_shape", f"position {entry.position}: {exc}"
+            ) from exc
         who = f"{getpass.getuser()}@{socket.gethostname()}"
         why = f"resolved by {who}" + (f": {note}" if note else "")
         if error is None:
@@ -397,6 +441,7 @@ class Client(liveclient.LiveCalls):
                 codec.check_size(
                     journal.Value(output).encode(), self.payload_limit, "the resolved output"
                 ),
+                journal.Attempts(earlier).encode(),
                 attempt=entry.attempt,
             )
             self.store.resolve(
@@ -408,7 +453,7 @@ class Client(liveclient.LiveCalls):
                 "step",
                 step,
                 "error",
-                error=journal.StepError("Resolved", error).encode(),
+                error=journal.StepError("Resolved", error, attempts=earlier).encode(),
                 attempt=entry.attempt,
             )
             run_error = codec.encode({"code": "resolved_failed", "message": error, "step": step})
@@ -521,12 +566,13 @@ class Client(liveclient.LiveCalls):
             app=self.app,
             workflow=run.workflow,
             version=run.version,
-            input=run.input,
+            input=telemetry.with_trace(run.input, self.telemetry.trace_context()),
         )
         self.store.create_run(new, recorded[:cut])
         return RunHandle[Any](self, new.run_id)
 
     aget = athread(get)
+    aattempts = athread(attempts)
     afork = athread(fork)
     aruns = athread(runs)
     aresult = athread(result)

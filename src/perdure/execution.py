@@ -19,7 +19,19 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from perdure import codec, context, effects, errors, journal, live, replay, steps, validation
+from perdure import (
+    codec,
+    context,
+    effects,
+    errors,
+    journal,
+    live,
+    logs,
+    replay,
+    steps,
+    telemetry,
+    validation,
+)
 from perdure import registry as registry_api
 from perdure.store import liveport, port
 
@@ -31,6 +43,7 @@ class Host(Protocol):
 
     registry: registry_api.Registry
     store: port.Store
+    telemetry: telemetry.Telemetry
 
     @property
     def stopping(self) -> bool: ...
@@ -97,6 +110,11 @@ class Execution:
         self._cursor: replay.JournalCursor | None = None
         self._outcomes = {o.name: o for o in claimed.outcomes}
         self.ctx: context.Context | None = None
+        run = claimed.run
+        self.log = logs.RunLog(log, run.run_id, run.app, run.workflow, run.version)
+        self.telemetry = host.telemetry
+        self.span: telemetry.Span = telemetry.NO_SPAN
+        self.ended = "interrupted"  # how the run attempt ended, for its span
 
     # -- the claim, shared with the heartbeat -----------------------------------
 
@@ -157,6 +175,14 @@ class Execution:
             fresh = self._guarded(lambda: self.store.outcomes(self.run_.run_id))
             self._outcomes = {o.name: o for o in fresh}
             found = self._outcomes.get(name)
+        if (
+            found is not None
+            and self.telemetry is not telemetry.NONE
+            and found.outcome == "signaled"
+            and not name.startswith("child:")
+        ):
+            latency = (self.now() - found.at).total_seconds()
+            self.telemetry.signal_applied(self.run_.app, self.run_.workflow, max(0.0, latency))
         return found
 
     def settle_timeout(self, name: str) -> journal.Outcome:
@@ -182,7 +208,7 @@ class Execution:
                 app=self.run_.app,
                 workflow=child.workflow,
                 version=child.version,
-                input=child.input,
+                input=telemetry.with_trace(child.input, self.span.trace_context()),
                 key=child.key,
                 parent_id=self.run_.run_id,
             )
@@ -229,6 +255,16 @@ class Execution:
 
     def record_live(self, entry: journal.Entry) -> None:
         self._write(liveport.require(self.store).record_live, entry, [])
+
+    def step_attempt(self, key: str, effect: str, attempt: int) -> telemetry.Span:
+        span = telemetry.NO_SPAN
+        if self.telemetry is not telemetry.NONE:
+            run = self.run_
+            observed = telemetry.StepAttempt(
+                run.run_id, run.app, run.workflow, run.version, key, attempt, effect
+            )
+            span = self.telemetry.step_attempt(self.span, observed)
+        return _StepWatch(self.log, key, attempt, span)
 
     def begin_effect(self, entry: journal.Entry, marks: list[journal.Mark]) -> None:
         self._write(self.store.begin_effect, entry, marks)
@@ -311,19 +347,39 @@ class Execution:
         look for it again then.
         """
         run = self.run_
-        log.info(
-            "run %s claimed by %s (generation %d%s)",
-            run.run_id,
+        self.log.info(
+            "claimed by %s (generation %d%s)",
             self.claim.worker,
             self.claim.generation,
             ", recovered" if self.claimed.recovered else "",
         )
+        self.span = self.telemetry.run_attempt(
+            telemetry.RunAttempt(
+                run.run_id,
+                run.app,
+                run.workflow,
+                run.version,
+                self.claim.generation,
+                self.claimed.recovered,
+                None if self.telemetry is telemetry.NONE else telemetry.trace_of(run.input),
+            )
+        )
+        try:
+            return self._drive()
+        except errors.StaleClaim:
+            self.ended = "stale"
+            raise
+        finally:
+            self.span.end(self.ended)
+
+    def _drive(self) -> datetime | None:
+        run = self.run_
         try:
             validation.run(run, max_failures=self.host.registry.max_failures)
             validation.journal(run.run_id, self.claimed.journal)
             validation.outcomes(run.run_id, self.claimed.outcomes, self.claimed.journal)
         except errors.CorruptState as exc:
-            log.error("run %s: %s", run.run_id, exc)
+            self.log.error("%s", exc)
             self._finish(
                 "needs_attention", error=_error(exc.code, str(exc), invariant=exc.invariant)
             )
@@ -413,9 +469,9 @@ class Execution:
                     return None
                 self._written(entries)
                 if done:
-                    log.info(
-                        "run %s parked (%s)",
-                        self.run_.run_id,
+                    self.ended = "parked"
+                    self.log.info(
+                        "parked (%s)",
                         ", ".join(w.name for w in parked.waits) or f"until {parked.wake_at}",
                     )
                     deadlines = [w.deadline for w in parked.waits if w.deadline] + (
@@ -505,10 +561,11 @@ class Execution:
         except errors.StaleClaim:
             raise
         except Exception as exc:
-            log.warning("run %s: could not record %s: %s", self.run_.run_id, state, exc)
+            self.log.warning("could not record %s: %s", state, exc)
             return
+        self.ended = state
         detail = f": {codec.decode(error).get('message')}" if error else ""
-        log.info("run %s %s%s", self.run_.run_id, state, detail)
+        self.log.info("%s%s", state, detail)
 
     def _release(self, *, failed: bool, why: str) -> None:
         failures = self.run_.failures + (1 if failed else 0)
@@ -524,6 +581,40 @@ class Execution:
         except errors.LeaseLost:
             raise
         except Exception as exc:
-            log.warning("run %s: release failed (%s); its lease will lapse", self.run_.run_id, exc)
+            self.log.warning("release failed (%s); its lease will lapse", exc)
             return
-        log.info("run %s released%s", self.run_.run_id, f" after failure: {why}" if failed else "")
+        self.ended = "released"
+        self.log.info("released%s", f" after failure: {why}" if failed else "")
+
+
+class _StepWatch:
+    """One step attempt's observer: its telemetry span, and a log line when it fails."""
+
+    __slots__ = ("_attempt", "_done", "_log", "_span", "_step")
+
+    def __init__(self, run_log: logs.RunLog, step: str, attempt: int, span: telemetry.Span) -> None:
+        self._log = run_log
+        self._step = step
+        self._attempt = attempt
+        self._span = span
+        self._done = False
+
+    def end(self, outcome: str, error: BaseException | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if error is not None:
+            level = logging.ERROR if outcome == "ambiguous" else logging.WARNING
+            self._log.log(
+                level,
+                "%s (%s: %s)",
+                {"retrying": "failed; retrying", "failed": "failed for good"}.get(outcome, outcome),
+                type(error).__name__,
+                error,
+                step=self._step,
+                attempt=self._attempt,
+            )
+        self._span.end(outcome, error)
+
+    def trace_context(self) -> telemetry.Carrier | None:
+        return self._span.trace_context()

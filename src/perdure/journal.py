@@ -8,8 +8,10 @@ shape::
 
     kind          status    column   body
     step          ok        output   Value          the step's result
-    step          error     error    StepError      {type, message, code}
-    step          started   error    AttemptFailed  {code: effect_failed, type, message} or none
+                            error    Attempts       {attempts} when earlier attempts failed, or none
+    step          error     error    StepError      {type, message, code, attempts}
+    step          started   error    AttemptFailed  {code: effect_failed, type, message, attempts}
+                                     or Attempts    {attempts} (a later attempt in flight) or none
     sleep         ok        output   Instant        the wake-up instant, ISO 8601 text
     now           ok        output   Instant        the instant first read
     random        ok        output   Random         a float in [0, 1)
@@ -27,6 +29,10 @@ shape::
 The kinds of talking to live runs (``update``, ``respond``, ``event``,
 ``stream``, ``stream_close``) have their bodies in :mod:`perdure.live`.
 
+``attempts`` lists the step's failed attempts so far, oldest first, each a
+:class:`FailedAttempt` ``{attempt, code, type, message, traceback, duration}``;
+journals written before it was kept have none, read as an empty list.
+
 A decoder refuses a body of another shape with :class:`Unreadable` (a
 ``ValueError``; text that is not JSON raises ``errors.InvalidPayload``, also
 one): the caller decides whether that is corruption or an older shape.
@@ -38,6 +44,8 @@ step machinery never import the store.
 
 from __future__ import annotations
 
+import os
+import traceback
 import uuid as _uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -161,37 +169,160 @@ class Uuid:
 
 # -- steps -----------------------------------------------------------------------
 
+# A failed attempt's record is bounded, so a step that fails with a huge
+# message or a deep stack cannot bloat its journal entry.
+MESSAGE_LIMIT = 1000
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+TRACEBACK_LIMIT = 2000
+TRACEBACK_FRAMES = 6
+
+
+def _bounded(text: str, limit: int, *, keep_tail: bool = False) -> str:
+    if len(text) <= limit:
+        return text
+    return "..." + text[-(limit - 3) :] if keep_tail else text[: limit - 3] + "..."
+
+
+def traceback_summary(exc: BaseException) -> str:
+    """Return the innermost frames of ``exc``'s traceback and its last line, bounded."""
+    every = traceback.extract_tb(exc.__traceback__)
+    # The engine's own frames (the attempt loop, step wrappers) say nothing
+    # about the failure; they are kept only when nothing else is left.
+    theirs = [f for f in every if not f.filename.startswith(_PACKAGE)] or every
+    frames = theirs[-TRACEBACK_FRAMES:]
+    # Each line is bounded too, so a huge message cannot push the frames out.
+    lines = [_bounded(f"{f.filename}:{f.lineno} in {f.name}", 200, keep_tail=True) for f in frames]
+    lines.append(_bounded(traceback.format_exception_only(exc)[-1].strip(), 500))
+    return _bounded("\n".join(lines), TRACEBACK_LIMIT, keep_tail=True)
+
+
+@dataclass(frozen=True)
+class FailedAttempt:
+    """One attempt of a step that raised: what it raised, where, and how long it ran."""
+
+    attempt: int
+    code: str
+    type: str
+    message: str
+    traceback: str | None = None
+    duration: float | None = None
+
+    @classmethod
+    def of(cls, attempt: int, exc: BaseException, duration: float | None) -> FailedAttempt:
+        code = getattr(exc, "code", None)
+        return cls(
+            attempt,
+            code if isinstance(code, str) else "step_failed",
+            type(exc).__name__,
+            _bounded(str(exc), MESSAGE_LIMIT),
+            traceback_summary(exc),
+            None if duration is None else round(duration, 6),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "code": self.code,
+            "type": self.type,
+            "message": self.message,
+            "traceback": self.traceback,
+            "duration": self.duration,
+        }
+
+    @classmethod
+    def read(cls, data: Any) -> FailedAttempt:
+        if not isinstance(data, dict):
+            raise Unreadable("a failed attempt is not an object")
+        attempt = _field(data, "attempt")
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+            raise Unreadable("a failed attempt's 'attempt' is not a positive integer")
+        duration = data.get("duration")
+        if duration is not None and (
+            isinstance(duration, bool) or not isinstance(duration, int | float) or duration < 0
+        ):
+            raise Unreadable("a failed attempt's 'duration' is not a non-negative number")
+        return cls(
+            attempt,
+            _text(_field(data, "code"), "code"),
+            _text(_field(data, "type"), "type"),
+            _text(_field(data, "message"), "message"),
+            _optional_text(data.get("traceback"), "traceback"),
+            None if duration is None else float(duration),
+        )
+
+
+def _attempts(data: dict[str, Any]) -> tuple[FailedAttempt, ...]:
+    found = data.get("attempts", [])
+    if not isinstance(found, list):
+        raise Unreadable("'attempts' is not a list")
+    return tuple(FailedAttempt.read(item) for item in found)
+
+
+def _attempts_list(attempts: tuple[FailedAttempt, ...]) -> list[dict[str, Any]]:
+    return [a.as_dict() for a in attempts]
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """The failed attempts before a step's recorded outcome, or before the one in flight."""
+
+    attempts: tuple[FailedAttempt, ...]
+
+    def encode(self) -> str | None:
+        """Return the body, or None when no attempt failed (the column stays empty)."""
+        if not self.attempts:
+            return None
+        return codec.encode({"attempts": _attempts_list(self.attempts)})
+
+    @classmethod
+    def decode(cls, text: str | None) -> Attempts:
+        return cls(_attempts(_object(text)) if text is not None else ())
+
 
 @dataclass(frozen=True)
 class StepError:
-    """The error of a step that failed for good (or was canceled before its outcome)."""
+    """The error of a step that failed for good (or was canceled before its outcome).
 
-    type: str
-    message: str
-    code: str = "step_failed"
-
-    def encode(self) -> str:
-        return codec.encode({"type": self.type, "message": self.message, "code": self.code})
-
-    @classmethod
-    def decode(cls, text: str | None) -> StepError:
-        data = _object(text)
-        return cls(str(data.get("type")), str(data.get("message")), str(data.get("code")))
-
-
-@dataclass(frozen=True)
-class AttemptFailed:
-    """The error of a ``started`` step whose attempt certainly did not happen.
-
-    The effect raised ``EffectFailed`` and a retry is due: the position is not
-    an unsettled effect.
+    ``attempts`` holds every failed attempt, the last one included.
     """
 
     type: str
     message: str
+    code: str = "step_failed"
+    attempts: tuple[FailedAttempt, ...] = ()
 
     def encode(self) -> str:
-        return codec.encode({"code": "effect_failed", "type": self.type, "message": self.message})
+        body: dict[str, Any] = {"type": self.type, "message": self.message, "code": self.code}
+        if self.attempts:
+            body["attempts"] = _attempts_list(self.attempts)
+        return codec.encode(body)
+
+    @classmethod
+    def decode(cls, text: str | None) -> StepError:
+        data = _object(text)
+        return cls(
+            str(data.get("type")), str(data.get("message")), str(data.get("code")), _attempts(data)
+        )
+
+
+@dataclass(frozen=True)
+class AttemptFailed:
+    """The error of a ``started`` step whose last attempt certainly did not happen.
+
+    The attempt raised (for a ``once`` step: ``EffectFailed``) and a retry is
+    due: the position is not an unsettled effect. ``attempts`` holds every
+    failed attempt so far, this one included.
+    """
+
+    type: str
+    message: str
+    attempts: tuple[FailedAttempt, ...] = ()
+
+    def encode(self) -> str:
+        body: dict[str, Any] = {"code": "effect_failed", "type": self.type, "message": self.message}
+        if self.attempts:
+            body["attempts"] = _attempts_list(self.attempts)
+        return codec.encode(body)
 
     @classmethod
     def decode(cls, text: str | None) -> AttemptFailed | None:
@@ -199,14 +330,41 @@ class AttemptFailed:
         data = codec.decode(text or "null")
         if not isinstance(data, dict) or data.get("code") != "effect_failed":
             return None
-        return cls(str(data.get("type")), str(data.get("message")))
+        return cls(str(data.get("type")), str(data.get("message")), _attempts(data))
+
+
+def failed_attempts(entry: Entry) -> tuple[FailedAttempt, ...]:
+    """Return a ``step`` entry's failed attempts, oldest first (none for other kinds).
+
+    An entry written before attempts were kept yields its one known failure
+    (a retry-due attempt, or a step's final error), without traceback or
+    duration.
+
+    Raises:
+        Unreadable: the body is not of the shape this code writes.
+    """
+    if entry.kind != "step" or entry.error is None:
+        return ()
+    data = _object(entry.error)
+    found = _attempts(data)
+    if found:
+        return found
+    code, kind = data.get("code"), str(data.get("type"))
+    older = (entry.status == "started" and code == "effect_failed") or (
+        entry.status == "error" and code == "step_failed" and kind != "Resolved"
+    )
+    if older:
+        return (FailedAttempt(entry.attempt, str(code), kind, str(data.get("message"))),)
+    return ()
 
 
 def retry_due(entry: Entry) -> bool:
     """Whether a ``started`` entry records an attempt whose effect certainly failed."""
     if entry.status != "started" or entry.error is None:
         return False
-    return AttemptFailed.decode(entry.error) is not None
+    # Only the code decides; the attempts it keeps are read (and checked) apart.
+    data = codec.decode(entry.error)
+    return isinstance(data, dict) and data.get("code") == "effect_failed"
 
 
 def unsettled(entry: Entry) -> bool:

@@ -113,3 +113,23 @@ class JournalItem:
     output: Any
     error: Any
     attempt: int
+
+
+@dataclass(frozen=True)
+class StepAttempt:
+    """A failed attempt of a step, as its journal entry keeps it.
+
+    ``code``, ``type`` and ``message`` name what the attempt raised;
+    ``traceback`` is a bounded summary of where (innermost frames last);
+    ``duration`` is how long the attempt ran, in seconds. The last two are
+    None for attempts journaled before they were kept.
+    """
+
+    step: str
+    position: int
+    attempt: int
+    code: str
+    type: str
+    message: str
+    traceback: str | None
+    duration: float | None

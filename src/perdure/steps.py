@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
-from perdure import codec, effects, errors, journal
+from perdure import codec, effects, errors, journal, telemetry
 
 _STEP_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "perdure_step_key", default=None
@@ -103,6 +104,9 @@ class Runtime(Protocol):
         exception propagates.
         """
 
+    def step_attempt(self, key: str, effect: str, attempt: int) -> telemetry.Span:
+        """Begin observing one attempt of a step (a span, metrics, log lines)."""
+
 
 class StepCall:
     """One call of a step at its journal position."""
@@ -125,8 +129,16 @@ class StepCall:
         self.position = position
         self.attempt = 0
         self.value: Any = None
+        # The failed attempts so far, kept in every entry the step writes.
+        self.failures: tuple[journal.FailedAttempt, ...] = ()
+        self.span: telemetry.Span = telemetry.NO_SPAN
+        self.started_at = 0.0
         if recorded is not None and journal.retry_due(recorded):
             # The last attempt certainly did not happen: carry on with the next.
+            try:
+                self.failures = journal.failed_attempts(recorded)
+            except ValueError as exc:
+                raise unreadable(run_id, recorded, exc) from exc
             self.attempt = recorded.attempt
             recorded = None
         self.replayed = recorded is not None
@@ -156,10 +168,18 @@ class StepCall:
     def before(self) -> None:
         self.attempt += 1
         if self.opts.effect == "once":
-            started = self._entry("started", attempt=self.attempt)
+            # The earlier failures stay in the entry while the effect is in flight.
+            earlier = journal.Attempts(self.failures).encode() if self.failures else None
+            started = self._entry("started", error=earlier, attempt=self.attempt)
             self.runtime.begin_effect(started, [journal.Mark("effect_started", self.key)])
         else:
             self.runtime.check()
+        self.span = self.runtime.step_attempt(self.key, self.opts.effect, self.attempt)
+        self.started_at = time.monotonic()
+
+    def end_attempt(self) -> None:
+        """End the attempt's span if nothing else did: the run stopped during it."""
+        self.span.end("interrupted")
 
     @contextlib.contextmanager
     def abandoned_on_cancel(self) -> Iterator[None]:
@@ -176,7 +196,10 @@ class StepCall:
             # whose last attempt certainly did not happen.
             if recorded is None or journal.retry_due(recorded):
                 error = journal.StepError(
-                    "Canceled", "the run was canceled before this step finished", "canceled"
+                    "Canceled",
+                    "the run was canceled before this step finished",
+                    "canceled",
+                    self.failures,
                 )
                 entry = self._entry("error", error=error.encode(), attempt=max(1, self.attempt))
                 self.runtime.finish_step(entry, [journal.Mark("step_failed", self.key)])
@@ -197,17 +220,31 @@ class StepCall:
         except errors.InvalidPayload as exc:
             self.failed(exc, final=True)
             raise  # failed() always raises here
-        entry = journal.Entry(self.position, "step", self.key, "ok", text, attempt=self.attempt)
+        earlier = journal.Attempts(self.failures).encode() if self.failures else None
+        entry = self._entry("ok", output=text, error=earlier, attempt=self.attempt)
         marks = [journal.Mark("step_completed", self.key, codec.digest(text))]
         if self.opts.effect != "once":
             marks.insert(0, journal.Mark("step_started", self.key))
         self.runtime.finish_step(entry, marks)
+        self.span.end("succeeded")
         return codec.convert(journal.Value.decode(text).value, self.hint)
 
     def failed(self, exc: Exception, *, final: bool = False) -> float:
-        """Return the pause before the next attempt, or raise what the workflow sees."""
+        """Return the pause before the next attempt, or raise what the workflow sees.
+
+        The attempt's error is recorded before either: a retry writes the
+        failures so far (a ``started`` entry whose attempt certainly failed),
+        so they survive a crash during the pause.
+        """
         once = self.opts.effect == "once"
+        duration = time.monotonic() - self.started_at if self.started_at else None
+        self.failures = (*self.failures, journal.FailedAttempt.of(self.attempt, exc, duration))
         if once and not isinstance(exc, errors.EffectFailed):
+            self.span.end("ambiguous", exc)
+            # The effect stays unsettled; its entry keeps what this attempt raised,
+            # for the operator who resolves it.
+            kept = journal.Attempts(self.failures).encode()
+            self.runtime.finish_step(self._entry("started", error=kept, attempt=self.attempt), [])
             raise Halt(
                 "needs_attention",
                 error_dict(
@@ -218,25 +255,28 @@ class StepCall:
                     attempt=self.attempt,
                 ),
             ) from exc
-        if not final and self.opts.retry.should_retry(self.attempt, exc):
-            if once:
-                # Record that this attempt did not happen, so that a stop or a
-                # lost lease during the pause is not mistaken for an ambiguity.
-                attempt = journal.AttemptFailed(type(exc).__name__, str(exc))
-                retry = self._entry("started", error=attempt.encode(), attempt=self.attempt)
-                self.runtime.finish_step(retry, [journal.Mark("step_failed", self.key)])
-            return self.opts.retry.delay(self.attempt)
-        error = journal.StepError(type(exc).__name__, str(exc))
-        entry = self._entry("error", error=error.encode(), attempt=self.attempt)
         marks = [journal.Mark("step_failed", self.key)]
         if not once:
             marks.insert(0, journal.Mark("step_started", self.key))
+        if not final and self.opts.retry.should_retry(self.attempt, exc):
+            # Record that this attempt did not happen (so that a stop or a lost
+            # lease during the pause is not mistaken for an ambiguity) and why.
+            attempt = journal.AttemptFailed(type(exc).__name__, str(exc), self.failures)
+            retry = self._entry("started", error=attempt.encode(), attempt=self.attempt)
+            self.runtime.finish_step(retry, marks)
+            self.span.end("retrying", exc)
+            return self.opts.retry.delay(self.attempt)
+        error = journal.StepError(type(exc).__name__, str(exc), attempts=self.failures)
+        entry = self._entry("error", error=error.encode(), attempt=self.attempt)
         self.runtime.finish_step(entry, marks)
+        self.span.end("failed", exc)
         raise errors.StepFailed(self.key, type(exc).__name__, str(exc)) from exc
 
     def transact(self, body: Callable[[Any], Any]) -> Any:
         self.attempt = 1
         self.runtime.check()
+        self.span = self.runtime.step_attempt(self.key, self.opts.effect, self.attempt)
+        self.started_at = time.monotonic()
         raised: list[Exception] = []
 
         def run(conn: Any) -> journal.Entry:
@@ -255,10 +295,14 @@ class StepCall:
                 raise
             exc = raised[0]
             # The body's writes were rolled back with the transaction.
-            error = journal.StepError(type(exc).__name__, str(exc))
+            duration = time.monotonic() - self.started_at
+            self.failures = (journal.FailedAttempt.of(1, exc, duration),)
+            error = journal.StepError(type(exc).__name__, str(exc), attempts=self.failures)
             failed = self._entry("error", error=error.encode())
             self.runtime.finish_step(failed, [journal.Mark("step_failed", self.key)])
+            self.span.end("failed", exc)
             raise errors.StepFailed(self.key, type(exc).__name__, str(exc)) from exc
+        self.span.end("succeeded")
         return codec.convert(journal.Value.decode(recorded.output).value, self.hint)
 
 
@@ -281,12 +325,16 @@ def run(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         while True:
             call.before()
             try:
-                with call.scope():
-                    value = fn(*args, **kwargs)
-            except Exception as exc:
-                call.runtime.pause(call.failed(exc))
-                continue
-            return call.succeeded(value)
+                try:
+                    with call.scope():
+                        value = fn(*args, **kwargs)
+                except Exception as exc:
+                    delay = call.failed(exc)
+                else:
+                    return call.succeeded(value)
+            finally:
+                call.end_attempt()
+            call.runtime.pause(delay)
 
 
 async def arun(call: StepCall, fn: Callable[..., Awaitable[Any]], args: Any, kwargs: Any) -> Any:
@@ -297,13 +345,17 @@ async def arun(call: StepCall, fn: Callable[..., Awaitable[Any]], args: Any, kwa
         while True:
             call.before()
             try:
-                with call.scope():
-                    value = await fn(*args, **kwargs)
-            except Exception as exc:
-                await asyncio.sleep(call.failed(exc))
-                call.runtime.check()
-                continue
-            return call.succeeded(value)
+                try:
+                    with call.scope():
+                        value = await fn(*args, **kwargs)
+                except Exception as exc:
+                    delay = call.failed(exc)
+                else:
+                    return call.succeeded(value)
+            finally:
+                call.end_attempt()
+            await asyncio.sleep(delay)
+            call.runtime.check()
 
 
 def run_transaction(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -311,4 +363,7 @@ def run_transaction(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: A
     if call.replayed:
         return call.value
     with call.abandoned_on_cancel():
-        return call.transact(lambda conn: fn(conn, *args, **kwargs))
+        try:
+            return call.transact(lambda conn: fn(conn, *args, **kwargs))
+        finally:
+            call.end_attempt()

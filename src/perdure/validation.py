@@ -94,12 +94,23 @@ def journal(run_id: str, entries: Sequence[port.JournalEntry]) -> None:
         _json(run_id, "journal_error_json", entry.error)
         if entry.kind in live.KINDS:
             live.check(run_id, entry)
+        _attempts(run_id, entry)
     if started_at is not None and started_at != len(entries):
         raise _fail(
             run_id,
             "journal_started_not_last",
             f"position {started_at} is unsettled but the journal goes on",
         )
+
+
+def _attempts(run_id: str, entry: port.JournalEntry) -> None:
+    """Check the failed attempts a step entry keeps (none, in journals from before them)."""
+    if entry.kind != "step" or entry.error is None:
+        return
+    try:
+        bodies.failed_attempts(entry)
+    except ValueError as exc:
+        raise _fail(run_id, "journal_attempts_shape", f"position {entry.position}: {exc}") from exc
 
 
 def outcomes(

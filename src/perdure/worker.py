@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from perdure import clockwatch, context, errors, keeper
 from perdure import execution as execution_api
+from perdure import telemetry as telemetry_api
 from perdure.registry import Registry, WorkflowDef
 from perdure.store import port, retention
 
@@ -88,6 +89,7 @@ class Worker:
         grace: float = 30.0,
         liveness: Literal["process", "thread"] = "process",
         store_url: str | None = None,
+        telemetry: telemetry_api.Telemetry = telemetry_api.NONE,
     ) -> None:
         validate_timing(lease_ttl, heartbeat)
         if grace < 0:
@@ -105,6 +107,7 @@ class Worker:
             )
         self.registry = registry
         self.store = store
+        self.telemetry = telemetry
         self.concurrency = concurrency
         self.lease_ttl = lease_ttl
         self.heartbeat = heartbeat
@@ -179,8 +182,17 @@ class Worker:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        self.telemetry.watch(self.registry.name, self.census)
         log.info("worker %s serving app %s", self.worker_id, self.registry.name)
         return self
+
+    def census(self) -> telemetry_api.Census:
+        """Return the app's runs by state and the lag of its most overdue timer."""
+        found = self.store.census(self.registry.name)
+        lag = 0.0
+        if found.oldest_due is not None:
+            lag = max(0.0, (found.at - found.oldest_due).total_seconds())
+        return telemetry_api.Census(found.states, lag)
 
     def stop(self, timeout: float | None = None) -> bool:
         """Stop claiming; let in-flight runs record their current step, then release them.
@@ -214,6 +226,7 @@ class Worker:
             self._slot_freed.wait(0.05 if wait is None else min(wait, 0.05))
             self._slot_freed.clear()
         abandoned = self._abandon()
+        self.telemetry.unwatch(self.registry.name)
         self._halt.set()
         if len(self._threads) > 2:
             self._threads[2].join(self.heartbeat + 1)
@@ -245,19 +258,18 @@ class Worker:
             claim = execution.claim
             effect = execution.unsettled_effect()
             if effect is not None:
-                log.warning(
-                    "worker %s: run %s left in flight during the once step %s: its outcome is "
+                execution.log.warning(
+                    "left in flight by worker %s during the once step %s: its outcome is "
                     "unknown, so the run will need attention (effect_outcome_unknown)",
                     self.worker_id,
-                    claim.run_id,
                     effect,
+                    step=effect,
                 )
             else:
-                log.warning(
-                    "worker %s: run %s left in flight; its current step did not record an "
+                execution.log.warning(
+                    "left in flight by worker %s; its current step did not record an "
                     "outcome and will run again",
                     self.worker_id,
-                    claim.run_id,
                 )
             if execution.lost is None:
                 # Hand it over now rather than after the lease lapses.
@@ -377,6 +389,8 @@ class Worker:
                 self._stop_event.wait(pause)
                 continue
             failures = 0
+            if claimed:
+                self.telemetry.claimed(self.registry.name, len(claimed))
             for item in claimed:
                 self._dispatch(item)
             if not claimed:
@@ -454,7 +468,7 @@ class Worker:
         with self._active_lock:
             execution = self._active.get(run_id)
         if execution is not None and execution.claim.generation == generation:
-            log.info("run %s: lease renewal refused (%s)", run_id, lost.code)
+            execution.log.info("lease renewal refused (%s)", lost.code)
             execution.lost = lost
 
     def _heartbeat_loop(self) -> None:
@@ -482,10 +496,10 @@ class Worker:
             try:
                 execution.renewed(self.store.renew(execution.claim, lease_ttl=self.lease_ttl))
             except errors.LeaseLost as lost:
-                log.info("run %s: lease renewal refused (%s)", execution.claim.run_id, lost.code)
+                execution.log.info("lease renewal refused (%s)", lost.code)
                 execution.lost = lost
             except Exception as exc:
-                log.warning("run %s: lease renewal failed: %s", execution.claim.run_id, exc)
+                execution.log.warning("lease renewal failed: %s", exc)
 
     # -- executing ------------------------------------------------------------
 
@@ -493,9 +507,9 @@ class Worker:
         try:
             self._note_wake(execution.run())
         except errors.StaleClaim:
-            log.info("run %s: claim is stale; another worker owns it", execution.claim.run_id)
+            execution.log.info("claim is stale; another worker owns it")
         except Exception:
-            log.exception("run %s: unexpected engine error", execution.claim.run_id)
+            execution.log.error("unexpected engine error", exc_info=True)
         finally:
             self._forget(execution)
 

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 import perdure
-from perdure import Client, codec
+from perdure import Client, codec, journal
 from perdure.store import port
 
 HERE = Path(__file__).resolve().parent
@@ -314,7 +314,11 @@ def test_a_once_step_dying_in_its_retry_after_effect_failed(
             (1, "step", "prepare", "ok", 1),
             (2, "step", "once_work", "started", 2),
         ]
-        assert at_crash[1].error is None
+        # Attempt 2's effect is in flight (unsettled); the entry keeps attempt 1's failure.
+        assert journal.unsettled(at_crash[1])
+        assert [(a.attempt, a.code) for a in journal.failed_attempts(at_crash[1])] == [
+            (1, "effect_failed")
+        ]
 
     run = recover(procs, store, run_id)
     after = effect_log(crash_env)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import perdure
-from perdure import codec, context, effects, errors, execution, journal, replay, steps
+from perdure import codec, context, effects, errors, execution, journal, replay, steps, telemetry
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -50,6 +50,9 @@ class FakeRuntime:
 
     def recorded(self, position: int) -> journal.Entry | None:
         return self.cursor.at(position)
+
+    def step_attempt(self, key: str, effect: str, attempt: int) -> telemetry.Span:
+        return telemetry.NO_SPAN
 
     def _commit(self, op: str, entries: list[journal.Entry], marks: list[journal.Mark]) -> None:
         self.writes.append(op)
@@ -204,7 +207,14 @@ def test_a_failing_step_is_recorded_as_failed_once_its_retries_run_out() -> None
         ctx.step(flaky)
     [entry] = runtime.stored
     assert (entry.status, entry.attempt) == ("error", 2)
-    assert journal.StepError.decode(entry.error) == journal.StepError("ValueError", "down")
+    error = journal.StepError.decode(entry.error)
+    assert (error.type, error.message, error.code) == ("ValueError", "down", "step_failed")
+    assert [(a.attempt, a.type, a.message) for a in error.attempts] == [
+        (1, "ValueError", "down"),
+        (2, "ValueError", "down"),
+    ]
+    # The first failure was written before the retry, so a crash keeps it.
+    assert runtime.writes == ["finish_step", "finish_step"]
 
 
 def test_a_sleep_parks_until_its_journaled_deadline_then_passes() -> None:
@@ -360,9 +370,11 @@ def _allowed(module: Any) -> set[str]:
             "errors",
             "journal",
             "live",
+            "logs",
             "registry",
             "replay",
             "steps",
+            "telemetry",
             "validation",
         },
     }[module]

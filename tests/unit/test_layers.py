@@ -25,7 +25,7 @@ SRC = Path(perdure.__file__).parent
 
 # Engine and interfaces, lowest layer first; each layer maps group -> modules.
 LAYERS: list[dict[str, set[str]]] = [
-    {"base": {"perdure.errors", "perdure.records"}},
+    {"base": {"perdure.errors", "perdure.records", "perdure.telemetry", "perdure.logs"}},
     {
         "port": {
             "perdure.store.port",
@@ -45,6 +45,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.replay",
             "perdure.plans",
             "perdure.clockwatch",
+            "perdure.otel",
             "perdure.signals",
         }
     },

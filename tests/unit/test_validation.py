@@ -101,6 +101,10 @@ def test_a_sound_journal_passes() -> None:
     validation.journal("r1", [])
     validation.journal("r1", [entry(1), entry(2, kind="sleep"), entry(3, status="started")])
     validation.journal("r1", [entry(1, kind="wait", status="started", output='{"deadline":null}')])
+    attempts = '{"attempts":[{"attempt":1,"code":"step_failed","type":"E","message":"m"}]}'
+    old_error = '{"type":"E","message":"m","code":"step_failed"}'
+    validation.journal("r1", [entry(1, error=attempts), entry(2, status="error", error=old_error)])
+    validation.journal("r1", [entry(1, kind="wait", status="error", error='{"code":"x"}')])
 
 
 @pytest.mark.parametrize(
@@ -117,6 +121,9 @@ def test_a_sound_journal_passes() -> None:
         ([entry(1, output="{oops")], "journal_output_json"),
         ([entry(1, status="error", output=None, error="nope")], "journal_error_json"),
         ([entry(1, status="started"), entry(2)], "journal_started_not_last"),
+        ([entry(1, error='{"attempts":{}}')], "journal_attempts_shape"),
+        ([entry(1, error='{"attempts":[{"attempt":0}]}')], "journal_attempts_shape"),
+        ([entry(1, status="error", error='"text"')], "journal_attempts_shape"),
     ],
 )
 def test_a_broken_journal_is_refused(entries: list[port.JournalEntry], invariant: str) -> None:

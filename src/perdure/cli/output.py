@@ -132,6 +132,28 @@ def why(error: dict[str, Any] | None) -> str:
     return f"{error.get('code', '?')}{where}: {error.get('message', '')}"
 
 
+def echo_attempts(attempts: Sequence[records.StepAttempt]) -> None:
+    """Print each failed step attempt: what it raised, how long it ran, and where."""
+    if not attempts:
+        return
+    click.echo("")
+    click.echo("failed attempts")
+    for a in attempts:
+        took = ""
+        if a.duration is not None:
+            took = (
+                f" after {a.duration * 1000:.3g} ms"
+                if a.duration < 1
+                else f" after {a.duration:.2f} s"
+            )
+        click.echo(
+            f"  step {a.step} attempt {a.attempt}{took}: [{a.code}] {a.type}: "
+            + _one_line(a.message)
+        )
+        for line in (a.traceback or "").splitlines():
+            click.echo(f"      {line}")
+
+
 def run_doc(info: records.RunInfo, app: str | None = None) -> dict[str, Any]:
     doc = dataclasses.asdict(info)
     if app is not None:

@@ -162,9 +162,11 @@ def show(run_id: str, history: bool, store_url: str | None, as_json: bool) -> No
         info = client.get(run_id)
         children = client.children(run_id)
         ledger = client.history(run_id) if history else None
+        attempts = client.attempts(run_id)
     if as_json:
         doc = output.run_doc(info, client.app)
         doc["children"] = children
+        doc["failed_attempts"] = attempts
         if ledger is not None:
             doc["history"] = ledger
         output.emit_json(doc)
@@ -197,6 +199,7 @@ def show(run_id: str, history: bool, store_url: str | None, as_json: bool) -> No
     width = max(len(k) for k, _ in rows)
     for name, value in rows:
         click.echo(f"{name.ljust(width)}  {value}")
+    output.echo_attempts(attempts)
     if ledger is not None:
         click.echo("")
         output.echo_lines(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 import click
 
+from perdure import logs
 from perdure.cli import common, output
 
 
@@ -49,6 +49,14 @@ from perdure.cli import common, output
     help="Renew leases from a keeper process (a step holding the GIL cannot starve it) "
     "or from a thread of the worker.",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr as text, or as one JSON object per line (ts, level, logger, "
+    "message, and run_id, app, workflow, step, attempt when known).",
+)
 @common.options
 def worker(
     target: str,
@@ -57,6 +65,7 @@ def worker(
     heartbeat: float,
     grace: float,
     liveness: str,
+    log_format: logs.LogFormat,
     store_url: str | None,
     as_json: bool,
 ) -> None:
@@ -69,11 +78,7 @@ def worker(
     app = common.load_app(target)
     if store_url:
         app.use_store(store_url)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(log_format)
     try:
         served = app.worker(
             concurrency=concurrency,

@@ -187,6 +187,9 @@ def same_start(found: Run, new: NewRun) -> bool:
 
 
 def _canonical(value: Any) -> str:
+    # The caller's trace context rides in the input record but is not an input.
+    if isinstance(value, dict) and "trace" in value:
+        value = {k: v for k, v in value.items() if k != "trace"}
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
@@ -319,6 +322,19 @@ class Claimed:
     journal: list[JournalEntry]
     outcomes: list[Outcome] = field(default_factory=list)
     recovered: bool = False
+
+
+@dataclass(frozen=True)
+class Census:
+    """An app's runs counted by state, and the oldest instant a waiting run is due.
+
+    ``oldest_due`` is the earliest ``ready_at`` at or before ``at`` (the
+    store's clock when counted) among the app's waiting runs, or None.
+    """
+
+    states: dict[str, int]
+    oldest_due: datetime | None
+    at: datetime
 
 
 class Store(Protocol):
@@ -636,5 +652,12 @@ class Store(Protocol):
         died lapses within one TTL of the next sweep, not when the clock
         catches up. Live owners lose nothing: a renewal sets the same instant.
         The run's generation, ledger and ``updated_at`` are untouched.
+        """
+        ...
+
+    def census(self, app: str) -> Census:
+        """Count the app's runs by state and find its most overdue waiting run.
+
+        One read, for metrics; it writes nothing and takes no lock a claim waits on.
         """
         ...

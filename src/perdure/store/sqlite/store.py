@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from perdure import errors
-from perdure.store import ledger, live, liveport, port, rows, sqlfiles, surface
+from perdure.store import census, ledger, live, liveport, port, rows, sqlfiles, surface
 from perdure.store.sqlite import connection, wakeup
 
 Row = sqlite3.Row
@@ -50,6 +50,7 @@ class SqliteStore(
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
     live.LiveTransitions[Cursor],
+    census.Census[Cursor],
 ):
     """A :class:`port.Store` on one SQLite database file."""
 

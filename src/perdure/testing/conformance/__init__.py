@@ -48,6 +48,7 @@ Needs pytest (the ``dev`` extra).
 
 from __future__ import annotations
 
+from perdure.testing.conformance.census import CensusTests
 from perdure.testing.conformance.channels import ChannelTests
 from perdure.testing.conformance.claims import ClaimTests
 from perdure.testing.conformance.finish import FinishTests
@@ -94,6 +95,7 @@ class StoreConformance(
     PageTests,
     RetentionTests,
     LiveTests,
+    CensusTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 

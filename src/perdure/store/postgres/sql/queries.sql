@@ -864,3 +864,14 @@ SELECT pg_notify('perdure_live', run_id) FROM unnest(%(run_ids)s::text[]) AS run
 
 -- name: listen_live
 LISTEN perdure_live;
+
+-- name: census
+-- One row per state of the app's runs (one row of NULLs when it has none), each
+-- with the store's instant; oldest_due is the earliest due ready_at of a waiting run.
+SELECT s.state, s.n, s.oldest_due, c.at
+FROM (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS at) AS c
+LEFT JOIN LATERAL (
+    SELECT state, count(*) AS n,
+           min(ready_at) FILTER (WHERE state = 'waiting' AND ready_at <= c.at) AS oldest_due
+    FROM perdure.runs WHERE app = %(app)s GROUP BY state
+) AS s ON true;

@@ -683,3 +683,14 @@ WHERE EXISTS (SELECT 1 FROM updates AS u WHERE u.run_id = r.value)
 
 -- name: journal_after
 SELECT * FROM journal WHERE run_id = :run_id AND position > :after_position ORDER BY position;
+
+-- name: census
+-- One row per state of the app's runs (one row of NULLs when it has none), each
+-- with the store's instant; oldest_due is the earliest due ready_at of a waiting run.
+SELECT s.state AS state, s.n AS n, s.oldest_due AS oldest_due, :now AS at
+FROM (SELECT 1) AS one
+LEFT JOIN (
+    SELECT state, count(*) AS n,
+           min(CASE WHEN state = 'waiting' AND ready_at <= :now THEN ready_at END) AS oldest_due
+    FROM runs WHERE app = :app GROUP BY state
+) AS s ON 1;
