@@ -49,7 +49,7 @@ from perdure.cli import common, output
     help="Renew leases from a keeper process (a step holding the GIL cannot starve it) "
     "or from a thread of the worker.",
 )
-@common.options
+@common.serve_options
 def worker(
     target: str,
     concurrency: int,
@@ -58,13 +58,14 @@ def worker(
     grace: float,
     liveness: str,
     store_url: str | None,
-    as_json: bool,
 ) -> None:
     """Serve the app's runs until SIGINT or SIGTERM.
 
     The first signal stops claiming and lets in-flight steps record their
     outcomes (up to --grace seconds); a second one stops at once. Exits 1
-    when it left a run in flight.
+    when it left a run in flight. It first prints one line naming the worker,
+    the app, the store it serves and the workflows it has. It never ends by
+    itself, so it prints no JSON document: see its log on stderr.
     """
     app = common.load_app(target)
     if store_url:
@@ -82,26 +83,12 @@ def worker(
             grace=grace,
             liveness=liveness,
         )
-        about = {
-            "worker_id": served.worker_id,
-            "app": app.name,
-            "store": output.redact(app.store.url),
-            "pid": os.getpid(),
-            "workflows": [{"name": n, "version": v} for n, v in app.workflow_versions()],
-            "concurrency": concurrency,
-            "lease_ttl": lease_ttl,
-            "heartbeat": heartbeat,
-            "grace": grace,
-            "liveness": served.liveness,
-        }
-        if as_json:
-            click.echo(output.compact(about))  # one line, so a supervisor can read it as it starts
-        else:
-            names = ", ".join(f"{n} v{v}" for n, v in app.workflow_versions()) or "none"
-            click.echo(
-                f"worker {served.worker_id} serving app {app.name} on "
-                f"{about['store']} (workflows: {names}); Ctrl-C to stop"
-            )
+        names = ", ".join(f"{n} v{v}" for n, v in app.workflow_versions()) or "none"
+        click.echo(
+            f"worker {served.worker_id} serving app {app.name} on "
+            f"{output.redact(app.store.url)} (workflows: {names}, pid {os.getpid()}); "
+            "Ctrl-C to stop"
+        )
         sys.stdout.flush()
         clean = served.run()
         if not clean:

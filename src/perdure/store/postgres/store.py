@@ -34,7 +34,7 @@ import psycopg
 import psycopg.errors
 
 from perdure import errors
-from perdure.store import ledger, port, rows, sqlfiles, transitions
+from perdure.store import ledger, overview, port, rows, sqlfiles, transitions
 from perdure.store.postgres import connection
 
 log = logging.getLogger("perdure.store.postgres")
@@ -53,7 +53,9 @@ class _BodyRaised(Exception):
         self.original = original
 
 
-class PostgresStore(connection.Connections, transitions.Transitions[Cursor]):
+class PostgresStore(
+    connection.Connections, transitions.Transitions[Cursor], overview.Overview[Cursor]
+):
     """The port on PostgreSQL (see the module docstring)."""
 
     read = rows.Reader(rows.NATIVE)

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from perdure import errors
-from perdure.store import ledger, port, rows, sqlfiles, transitions
+from perdure.store import ledger, overview, port, rows, sqlfiles, transitions
 from perdure.store.sqlite import connection
 
 Row = sqlite3.Row
@@ -35,15 +35,22 @@ Cursor = connection.Tx
 _MIN_SQLITE = (3, 35, 0)
 
 
-class SqliteStore(connection.Connections, transitions.Transitions[Cursor]):
+class SqliteStore(
+    connection.Connections, transitions.Transitions[Cursor], overview.Overview[Cursor]
+):
     """A :class:`port.Store` on one SQLite database file."""
 
     read = rows.Reader(rows.MICROSECONDS)
 
     def __init__(
-        self, url: str, *, clock: port.Clock | None = None, ledger_limit: int = 256
+        self,
+        url: str,
+        *,
+        clock: port.Clock | None = None,
+        ledger_limit: int = 256,
+        create: bool = True,
     ) -> None:
-        """Open (creating if missing) the database file named by ``url``.
+        """Open (creating if missing, unless ``create`` is False) the file named by ``url``.
 
         Raises:
             errors.InvalidStoreURL: the URL names no file.
@@ -56,7 +63,7 @@ class SqliteStore(connection.Connections, transitions.Transitions[Cursor]):
                 f"the embedded store needs SQLite 3.35 or later; this Python has "
                 f"{sqlite3.sqlite_version}."
             )
-        super().__init__(url, clock=clock)
+        super().__init__(url, clock=clock, create=create)
         self._ledger_limit = ledger_limit
 
     # -- plumbing -------------------------------------------------------------

@@ -62,6 +62,7 @@ from perdure.testing.conformance.journal import JournalTests
 from perdure.testing.conformance.ledger import LedgerTests
 from perdure.testing.conformance.lifecycle import LifecycleTests
 from perdure.testing.conformance.operators import OperatorTests
+from perdure.testing.conformance.overview import OverviewTests
 from perdure.testing.conformance.runs import RunTests
 from perdure.testing.conformance.sweep import SweepTests
 from perdure.testing.conformance.waits import WaitTests
@@ -87,6 +88,7 @@ class StoreConformance(
     OperatorTests,
     LedgerTests,
     SweepTests,
+    OverviewTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 
