@@ -23,6 +23,7 @@ shape::
     child         ok        output   ChildStarted   {run_id}
     child_result  ok        output   Value          the child's result
     child_result  error     error    ChildEnded     {code, message, state, child_error}
+    patch         ok        output   Value          true: the run took the patched path
 
 A decoder refuses a body of another shape with :class:`Unreadable` (a
 ``ValueError``; text that is not JSON raises ``errors.InvalidPayload``, also

@@ -2,11 +2,12 @@
 
 One module per command group: ``workers`` (worker), ``runs`` (start, runs,
 show), ``signals`` (signal, send, waits, resume), ``operators`` (cancel,
-resolve, fork), ``migrate`` and ``demo``; ``common`` and ``output`` hold what
-they share. Only ``worker`` and ``start`` import user code (``MODULE:APP``); every other
-command works from the store alone, through a :class:`~perdure.client.Client`.
-Commands that take a run id find the run's app in the store, so ``--app`` is
-only needed to list runs or waits.
+resolve, fork), ``migrate``, ``demo`` and ``deploys`` (check); ``common`` and
+``output`` hold what they share. Only ``worker``, ``start`` and ``check``
+import user code (``MODULE:APP``), and ``runs`` and ``waits`` when given one;
+every other command works from the store alone, through a
+:class:`~perdure.client.Client`. Commands that take a run id find the run's
+app in the store; ``runs`` and ``waits`` list every app unless told one.
 
 Exit codes: 0 done; 1 refused (the request was understood and the engine said
 no: a settled or expired wait, a finished run, a cancel that took no effect, a
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import click
 
-from perdure.cli import demo, migrate, operators, output, runs, signals, workers
+from perdure.cli import demo, deploys, migrate, operators, output, runs, signals, workers
 
 
 @click.group(
@@ -48,6 +49,7 @@ for command in (
     operators.fork,
     migrate.migrate,
     demo.demo,
+    deploys.check,
 ):
     cli.add_command(command)
 

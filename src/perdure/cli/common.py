@@ -23,7 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.contextmanager
-def opened(url: str | None, *, create: bool = True) -> Iterator[port.Store]:
+def opened(url: str | None, *, create: bool = True, migrate: bool = True) -> Iterator[port.Store]:
     """Open (and migrate) the store, turning any failure into bad input.
 
     With ``create=False`` (every command that reads or steers existing runs) a
@@ -31,7 +31,7 @@ def opened(url: str | None, *, create: bool = True) -> Iterator[port.Store]:
     """
     url = url or default_url()
     try:
-        store = open_store(url, create=create)
+        store = open_store(url, create=create, migrate=migrate)
     except errors.PerdureError:
         raise
     except Exception as exc:  # an adapter or driver error we do not know by name

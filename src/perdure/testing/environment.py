@@ -107,8 +107,9 @@ class Environment:
     Args:
         app: the app under test; inside the ``with`` block it uses the
             environment's store (its own store is left untouched).
-        store: a PostgreSQL URL of an empty database to use instead of a
-            temporary SQLite file (the environment does not drop it).
+        store: the URL of a store to use instead of a temporary SQLite file:
+            an empty PostgreSQL database, or a SQLite file that outlives the
+            environment (the environment neither empties nor removes it).
         start: the fake clock's first instant (default 2030-01-01 UTC).
     """
 
