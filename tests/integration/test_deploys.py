@@ -89,10 +89,11 @@ class Code:
 
 
 @pytest.fixture
-def code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+def code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store_url: str) -> Any:
+    """Code on the test's store: each test runs on SQLite and on PostgreSQL."""
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    made = Code(tmp_path, f"sqlite:///{tmp_path / 'shop.db'}")
+    made = Code(tmp_path, store_url)
     yield made
     for name in made.loaded:
         sys.modules.pop(name, None)
@@ -244,6 +245,7 @@ def test_perdure_check_exits_1_on_a_mismatch_and_0_without(code: Code) -> None:
         cli.cli, ["check", f"{code.module('patched')}:app", "--store", "sqlite:///none.db"]
     )
     assert missing.exit_code == 2 and not (code.folder / "none.db").exists()
+    assert "does not exist" in missing.stderr
 
 
 def test_patched_refuses_an_empty_change_id(code: Code) -> None:

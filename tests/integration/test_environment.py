@@ -169,8 +169,20 @@ def test_the_app_gets_its_own_store_back(tmp_path: Path, monkeypatch: pytest.Mon
         env.start("nap", 1)
         env.run_until_idle()
     assert not (tmp_path / "perdure.db").exists()
-    with pytest.raises(RuntimeError, match="with"):
-        env.start("nap", 1)
+
+
+def test_an_environment_opens_on_first_use_without_with() -> None:
+    app = make_app()
+    env = Environment(app)
+    try:
+        handle = env.start("nap", 1)
+        env.advance(timedelta(hours=1))
+        assert handle.status() == "succeeded"
+    finally:
+        env.close()
+    # Each environment starts from an empty store.
+    with Environment(app) as again:
+        assert again.app.runs() == []
 
 
 @pytest.mark.postgres

@@ -132,7 +132,8 @@ def runs(
         for app in apps:
             listed = client_api.Client(store, app).runs(state=state, workflow=workflow, limit=limit)
             found += [(app, info) for info in listed]
-        known = store.apps() if name else apps
+        # An app named but empty: say which apps the store does have.
+        known = store.apps() if name and not found else apps
     # Each app's list is newest first; merged, the newest ``limit`` of them all.
     found.sort(key=lambda pair: (pair[1].created_at, pair[1].run_id), reverse=True)
     found = found[:limit]

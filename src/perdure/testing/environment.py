@@ -128,6 +128,13 @@ class Environment:
     # -- lifecycle ----------------------------------------------------------------
 
     def __enter__(self) -> Environment:
+        self.open()
+        return self
+
+    def open(self) -> Environment:
+        """Open the store and point the app at it; ``with`` and first use do it. Idempotent."""
+        if self._store is not None:
+            return self
         stack = contextlib.ExitStack()
         try:
             if self._url is None:
@@ -151,7 +158,10 @@ class Environment:
         self.close()
 
     def close(self) -> None:
-        """Give the app its own store back and remove the temporary one. Idempotent."""
+        """Give the app its own store back and remove the temporary one. Idempotent.
+
+        A later use opens a fresh, empty environment store again.
+        """
         stack, self._stack, self._store = self._stack, None, None
         if stack is not None:
             stack.close()
@@ -165,16 +175,17 @@ class Environment:
 
     @property
     def store(self) -> port.Store:
-        """The environment's store (inside the ``with`` block)."""
+        """The environment's store, opened on first use (see :meth:`open`)."""
         if self._store is None:
-            raise RuntimeError("the environment is not open: use it in a `with` block")
+            self.open()
+        assert self._store is not None
         return self._store
 
     # -- driving runs -------------------------------------------------------------
 
     def start(self, workflow: Any, /, *args: Any, **kwargs: Any) -> client_api.RunHandle[Any]:
         """Start a run (``app.start``); it executes at the next :meth:`run_until_idle`."""
-        self.store  # noqa: B018 - refuse outside the block, before the app opens its own store
+        self.open()  # before the app would open its own store
         return self.app.start(workflow, *args, **kwargs)
 
     def run_until_idle(self, *, max_executions: int = _MAX_EXECUTIONS) -> int:
