@@ -15,6 +15,7 @@ ends or raises while its journal goes on.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -178,13 +179,28 @@ def _inputs(run: port.Run, wf: registry.WorkflowDef) -> tuple[list[Any], dict[st
 
 
 def _invoke(wf: registry.WorkflowDef, ctx: context.Context, args: list[Any], kw: Any) -> Any:
-    token = ctx.bind()
+    """Call the workflow with ``ctx`` bound (an ``async`` one on an event loop of its own)."""
+    if not wf.is_async:
+        token = ctx.bind()
+        try:
+            return wf.fn(ctx, *args, **kw)
+        finally:
+            ctx.unbind(token)
+
+    async def call() -> Any:
+        token = ctx.bind()  # inside the task, so step calls see the replay's context
+        try:
+            return await wf.fn(ctx, *args, **kw)
+        finally:
+            ctx.unbind(token)
+
     try:
-        if wf.is_async:
-            return asyncio.run(wf.fn(ctx, *args, **kw))
-        return wf.fn(ctx, *args, **kw)
-    finally:
-        ctx.unbind(token)
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(call())
+    # Called from a running loop (an async test): replay on a thread of its own.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, call()).result()
 
 
 def check_run(

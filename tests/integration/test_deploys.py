@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import textwrap
@@ -260,3 +261,45 @@ def test_patched_refuses_an_empty_change_id(code: Code) -> None:
         env.run_until_idle()
         assert handle.info().state == "failed"
         assert "change id" in str(handle.info().error)
+
+
+def test_async_workflows_replay_without_running_their_steps(store_url: str) -> None:
+    def build(step_name: str) -> tuple[perdure.App, list[str]]:
+        app = perdure.App(store_url, name="asyncshop")
+        ran: list[str] = []
+
+        async def body() -> str:
+            ran.append(step_name)
+            return step_name
+
+        body.__name__ = step_name
+        step = app.step()(body)
+
+        @app.workflow()
+        async def flow(ctx: perdure.Context) -> Any:
+            await step()
+            waited = ctx.wait("go")
+            # Works whether the async form of wait returns the payload or an awaitable.
+            return await waited if inspect.isawaitable(waited) else waited
+
+        return app, ran
+
+    old, old_ran = build("first")
+    try:
+        with Environment(old, store=store_url) as env:
+            env.start("flow")
+            env.run_until_idle()
+    finally:
+        old.close()
+    assert old_ran == ["first"]
+    same, same_ran = build("first")
+    changed, _ = build("second")
+    try:
+        with Environment(same, store=store_url):
+            assert replay_check(same).ok and same_ran == []
+        with Environment(changed, store=store_url):
+            [found] = replay_check(changed).mismatches
+            assert (found.position, found.recorded) == (1, "step 'first'")
+    finally:
+        same.close()
+        changed.close()

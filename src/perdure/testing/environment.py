@@ -229,22 +229,22 @@ class Environment:
         if seconds < 0:
             raise ValueError("a clock never goes back")
         target = self.clock.now() + timedelta(seconds=seconds)
-        self.run_until_idle()
-        while (due := self._next_due()) is not None and due <= target:
-            if due > self.clock.now():
-                self.clock.set(due)
-            if self.run_until_idle() == 0 and due <= self.clock.now():
-                break  # due but not claimable (another app's worker, say): nothing to step
+        while True:
+            self.run_until_idle()
+            due = self._next_due(after=self.clock.now())
+            if due is None or due > target:
+                break
+            self.clock.set(due)
         self.clock.set(target)
         self.run_until_idle()
         return target
 
-    def _next_due(self) -> datetime | None:
-        """Return the earliest instant at which one of the app's resting runs becomes due."""
+    def _next_due(self, *, after: datetime) -> datetime | None:
+        """Return the earliest instant after ``after`` at which a resting run falls due."""
         store = self.store
         instants = [t.due for t in store.timers(self.app.name)]
         instants += [w.deadline for w in store.waits(self.app.name) if w.deadline is not None]
-        return min(instants, default=None)
+        return min((i for i in instants if i > after), default=None)
 
     def now(self) -> datetime:
         """Return the fake clock's instant."""
