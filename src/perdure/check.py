@@ -36,9 +36,11 @@ _PER_STATE = 100_000
 class Mismatch:
     """A run whose journal the code does not replay: what was recorded, what the code does.
 
-    ``position`` is the journal position (1, 2, ...); ``recorded`` and
-    ``attempted`` read like ``step 'charge'``, ``wait 'approval'``, ``the end
-    of the journal`` or ``the end of the workflow``.
+    ``position`` is the journal position (1, 2, ...); ``recorded`` is the
+    call the journal holds there and ``attempted`` the one the code makes
+    now, each like ``step 'charge'`` or ``wait 'approval'``; ``attempted`` may
+    also be ``the end of the workflow (returns)`` or ``the end of the
+    workflow (raises ...)``.
     """
 
     run_id: str
@@ -49,9 +51,13 @@ class Mismatch:
     attempted: str
 
     def describe(self) -> str:
+        """Return one line: the run, the position, the recorded call and the attempted one."""
+        if self.position == 0:
+            return f"run {self.run_id} ({self.workflow} v{self.version}): {self.attempted}"
+        verb = "reaches" if self.attempted.startswith("the end") else "calls"
         return (
             f"run {self.run_id} ({self.workflow} v{self.version}) position {self.position}: "
-            f"journal has {self.recorded}, code now {self.attempted}"
+            f"journal has {self.recorded}, code now {verb} {self.attempted}"
         )
 
 
@@ -218,7 +224,7 @@ def check_run(
         cursor = CheckingCursor(run.run_id, entries)
         args, kwargs = _inputs(run, wf)
     except (errors.CorruptState, errors.InvalidPayload) as exc:
-        return mismatch(0, "an unreadable journal or input", f"cannot replay it: {exc}")
+        return mismatch(0, "an unreadable journal or input", f"cannot be replayed: {exc}")
     ctx = context.Context(
         run_id=run.run_id,
         workflow=run.workflow,
@@ -227,20 +233,21 @@ def check_run(
     )
     try:
         _invoke(wf, ctx, args, kwargs)
-        ended = "ends (returns)"
+        ended = "the end of the workflow (returns)"
     except (_Frontier, context.Parked):
         return None
     except steps.Halt as halt:
         if cursor.mismatch is not None:
             position, recorded, attempted = cursor.mismatch
-            return mismatch(position, recorded.describe(), f"calls {attempted.describe()}")
+            return mismatch(position, recorded.describe(), attempted.describe())
         if halt.error.get("code") == "non_determinism":
-            return mismatch(cursor.position, "another call", str(halt.error.get("message")))
+            message = str(halt.error.get("message"))
+            return mismatch(0, "a call that does not match", f"does not replay: {message}")
         return None  # stopped where the run stopped (an effect whose outcome is unknown)
     except errors.Interrupt:
         return None
     except Exception as exc:  # the workflow fails from here on
-        ended = f"raises {type(exc).__name__}: {exc}"
+        ended = f"the end of the workflow (raises {type(exc).__name__}: {exc})"
     if cursor.position < cursor.recorded_length:
         nxt = cursor.at(cursor.position + 1)
         assert nxt is not None

@@ -159,7 +159,7 @@ def test_replay_check_reports_an_unpatched_change_with_its_position(code: Code) 
         2,
     )
     assert found.recorded == "step 'charge_old'"
-    assert found.attempted == "calls step 'charge_new'"
+    assert found.attempted == "step 'charge_new'"
     assert "position 2: journal has step 'charge_old', code now calls step 'charge_new'" in (
         found.describe()
     )
@@ -173,7 +173,7 @@ def test_new_runs_do_not_replay_on_the_code_before_the_patch(code: Code) -> None
     with Environment(old.app, store=code.url):
         [found] = replay_check(old.app).mismatches
     assert (found.run_id, found.position) == (patched_run, 2)
-    assert found.recorded == "patch 'new-charge'" and found.attempted == "calls step 'charge_old'"
+    assert found.recorded == "patch 'new-charge'" and found.attempted == "step 'charge_old'"
 
 
 def test_code_that_ends_before_the_journal_does_is_a_mismatch(code: Code) -> None:
@@ -182,7 +182,11 @@ def test_code_that_ends_before_the_journal_does_is_a_mismatch(code: Code) -> Non
     with Environment(early.app, store=code.url):
         [found] = replay_check(early.app).mismatches
     assert (found.run_id, found.position) == (old_run, 2)
-    assert (found.recorded, found.attempted) == ("step 'charge_old'", "ends (returns)")
+    assert (found.recorded, found.attempted) == (
+        "step 'charge_old'",
+        "the end of the workflow (returns)",
+    )
+    assert "code now reaches the end of the workflow (returns)" in found.describe()
 
 
 def test_replay_check_skips_versions_it_does_not_have_and_writes_nothing(code: Code) -> None:
@@ -229,7 +233,7 @@ def test_perdure_check_exits_1_on_a_mismatch_and_0_without(code: Code) -> None:
             "version": "1",
             "position": 2,
             "recorded": "step 'charge_old'",
-            "attempted": "calls step 'charge_new'",
+            "attempted": "step 'charge_new'",
         }
     ]
     good = runner.invoke(cli.cli, ["check", f"{code.module('patched')}:app", "--json"])
