@@ -96,6 +96,25 @@ def test_the_docs_example_runs_a_day_and_a_signal_in_well_under_a_second(
 # -- the environment -----------------------------------------------------------------------
 
 
+def test_an_app_built_on_a_fake_clock_keeps_it() -> None:
+    clock = FakeClock()
+    app = perdure.App(name="clocked", clock=clock)
+
+    @app.workflow()
+    def nap(ctx: perdure.Context) -> str:
+        ctx.sleep(timedelta(hours=1))
+        return "up"
+
+    with Environment(app) as env:
+        assert env.clock is clock
+        handle = env.start(nap)
+        env.run_until_idle()
+        clock.advance(hours=1)  # the app's own clock: nothing runs until asked
+        assert handle.status() == "waiting"
+        env.run_until_idle()
+        assert handle.result(timeout=0) == "up"
+
+
 def test_run_until_idle_runs_children_and_async_workflows() -> None:
     app = make_app()
     with Environment(app) as env:

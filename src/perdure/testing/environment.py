@@ -110,14 +110,19 @@ class Environment:
         store: the URL of a store to use instead of a temporary SQLite file:
             an empty PostgreSQL database, or a SQLite file that outlives the
             environment (the environment neither empties nor removes it).
-        start: the fake clock's first instant (default 2030-01-01 UTC).
+        start: the fake clock's first instant (default 2030-01-01 UTC); without
+            it, an app built with a ``FakeClock`` keeps its own.
     """
 
     def __init__(
         self, app: app_api.App, *, store: str | None = None, start: datetime | None = None
     ) -> None:
         self.app = app
-        self.clock = clocks.FakeClock(start)
+        # An app built on a FakeClock keeps it, so the test's clock and the store's agree.
+        own = app.clock
+        self.clock = (
+            own if isinstance(own, clocks.FakeClock) and start is None else clocks.FakeClock(start)
+        )
         self.worker_id = f"perdure-env-{os.getpid()}"
         self._url = store
         self._stack: contextlib.ExitStack | None = None
