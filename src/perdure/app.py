@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
 import threading
 import types
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
@@ -126,6 +127,22 @@ class App:
                 self.store, self.name, self.telemetry, payload_limit=self.payload_limit
             )
         return self._client
+
+    @contextlib.contextmanager
+    def using(self, store: port.Store) -> Iterator[port.Store]:
+        """Point the app at ``store`` (a test's throwaway store) inside the block.
+
+        The app's own store, if open, stays open and is used again afterwards.
+        """
+        with self._lock:
+            saved = (self._store, self._store_given, self._client, self.url)
+            self._store, self._store_given, self._client = store, True, None
+            self.url = store.url
+        try:
+            yield store
+        finally:
+            with self._lock:
+                self._store, self._store_given, self._client, self.url = saved
 
     def close(self) -> None:
         """Close the store's connections."""
@@ -460,6 +477,10 @@ class App:
         beat = heartbeat.total_seconds() if isinstance(heartbeat, timedelta) else float(heartbeat)
         worker_api.validate_timing(ttl, beat)
         store = self.store
+        # A test clock that moves wakes the worker at once (FakeClock.subscribe).
+        subscribe = getattr(self.clock, "subscribe", None)
+        if callable(subscribe):
+            subscribe(store.notify_ready)
         # Another process can renew leases only on a store it can open the same
         # way: from the URL, on the store's own clock.
         if not self._store_given and self.clock is None:

@@ -571,6 +571,30 @@ class Client(liveclient.LiveCalls):
         self.store.create_run(new, recorded[:cut])
         return RunHandle[Any](self, new.run_id)
 
+    # -- overview ---------------------------------------------------------------
+
+    def timers(self, run_id: str | None = None) -> list[records.Wait]:
+        """Return the app's runs that only time will wake: sleeps and timers, earliest first.
+
+        A ``sleep`` (a run in ``ctx.sleep``) is named ``sleep``; a ``timer``
+        (a queued run held back by a retry's backoff or a release's delay) is
+        named ``retry``. Their ``deadline`` is the instant they become
+        claimable; a sleep stays listed once due, until a worker claims it.
+        Unlike :meth:`waits`, nothing here can be signaled, and nothing is written.
+        """
+        if run_id is not None:
+            self._run(run_id)
+        return [
+            records.Wait(
+                f"{t.run_id}/{'sleep' if t.kind == 'sleep' else 'retry'}",
+                t.run_id,
+                "sleep" if t.kind == "sleep" else "retry",
+                t.due,
+                t.kind,
+            )
+            for t in self.store.timers(self.app, run_id)
+        ]
+
     aget = athread(get)
     aattempts = athread(attempts)
     afork = athread(fork)
@@ -587,3 +611,4 @@ class Client(liveclient.LiveCalls):
     aupdate = athread(liveclient.LiveCalls.update)
     aevents = athread(liveclient.LiveCalls.events)
     aget_event = athread(liveclient.LiveCalls.get_event)
+    atimers = athread(timers)

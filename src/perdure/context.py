@@ -479,3 +479,33 @@ class Context:
             return
         self._publish("stream_close", key, live.StreamClosed())
         self._live.closed.add(key)
+
+    # -- changing live workflows ------------------------------------------------
+
+    def patched(self, change_id: str) -> bool:
+        """Return whether this run takes the code path of the change ``change_id``.
+
+        For a change to a workflow that live runs are executing::
+
+            if ctx.patched("new-charge-flow"):
+                charge_with_new_provider(order_id)
+            else:
+                charge(order_id)
+
+        Reached where the journal records nothing yet (a new run, or an old
+        one that had not come this far), it records a ``patch`` entry at this
+        position and returns True. Reached where the journal records that
+        entry, it returns True again. Reached where the journal records
+        anything else (a run that passed this point under the code before the
+        change), it returns False and takes no position, so the old path
+        replays what that run recorded.
+        """
+        if not change_id or "/" in change_id:
+            raise errors.InvalidInput(f"change id {change_id!r} must be non-empty, without '/'")
+        self._runtime.check()
+        ahead = self._cursor.peek()
+        if ahead is not None and (ahead.kind, ahead.name) != ("patch", change_id):
+            return False
+        if self._next(replay.Call("patch", change_id)) is None:
+            self._record("patch", change_id, journal.Value(True).encode())
+        return True

@@ -25,6 +25,7 @@ shape::
     child         ok        output   ChildStarted   {run_id}
     child_result  ok        output   Value          the child's result
     child_result  error     error    ChildEnded     {code, message, state, child_error}
+    patch         ok        output   Value          true: the run took the patched path
 
 The kinds of talking to live runs (``update``, ``respond``, ``event``,
 ``stream``, ``stream_close``) have their bodies in :mod:`perdure.live`.

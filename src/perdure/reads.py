@@ -101,7 +101,8 @@ class Reads:
         found = client_api.decode_column(run_id, "input", run.input)
         if not isinstance(found, dict):
             raise errors.CorruptState(run_id, "run_input", "input is not an object")
-        return found
+        # The record may also carry the caller's trace context: not an input.
+        return {k: v for k, v in found.items() if k in ("args", "kwargs")}
 
     def journal(self, run_id: str) -> list[records.JournalItem]:
         """Return the run's journal, oldest first, its values decoded."""

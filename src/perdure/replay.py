@@ -76,6 +76,10 @@ class JournalCursor:
             )
         return entry
 
+    def peek(self) -> port.JournalEntry | None:
+        """Return the entry recorded at the next position without advancing, or None."""
+        return self.at(self._position + 1)
+
     def record(self, entry: port.JournalEntry) -> None:
         """Remember an entry this execution wrote, so later re-execution replays it."""
         index = entry.position - 1

@@ -16,7 +16,7 @@ from perdure import journal as bodies
 from perdure.store import port
 
 JOURNAL_KINDS = frozenset(
-    {"step", "sleep", "now", "random", "uuid", "wait", "receive", "child", "child_result"}
+    {"step", "sleep", "now", "random", "uuid", "wait", "receive", "child", "child_result", "patch"}
     | {"update", "respond", "event", "stream", "stream_close"}
 )
 # Kinds whose entry may stay "started": a once effect in flight, or an open wait.

@@ -55,7 +55,11 @@ LAYERS: list[dict[str, set[str]]] = [
     },
     {"context": {"perdure.context"}},
     {"registry": {"perdure.registry"}},
-    {"execution": {"perdure.execution"}, "keeper": {"perdure.keeper"}},
+    {
+        "execution": {"perdure.execution"},
+        "keeper": {"perdure.keeper"},
+        "check": {"perdure.check"},
+    },
     {"worker": {"perdure.worker"}},
     {"app": {"perdure.app"}},
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},

@@ -3,13 +3,14 @@
 One module per command group: ``workers`` (worker), ``runs`` (start, runs,
 show), ``signals`` (signal, send, waits, resume), ``live`` (update, query,
 events, stream), ``operators`` (cancel, resolve, fork), ``retention``
-(prune), ``migrate``, ``demo``, ``tokens`` and ``console`` (the web console,
-an optional extra); ``common`` and ``output`` hold what they share. Only
-``worker``, ``start`` and ``query`` (and ``update --validate``) import user
-code (``MODULE:APP``); every other command works from the store alone,
-through a :class:`~perdure.client.Client`.
-Commands that take a run id find the run's app in the store, so ``--app`` is
-only needed to list runs or waits.
+(prune), ``migrate``, ``demo``, ``deploys`` (check), ``tokens`` and
+``console`` (the web console, an optional extra); ``common`` and ``output``
+hold what they share. Only ``worker``, ``start``, ``check`` and ``query``
+(and ``update --validate``) import user code (``MODULE:APP``), and ``runs``
+and ``waits`` when given one; every other command works from the store alone,
+through a :class:`~perdure.client.Client`. Commands that take a run id find
+the run's app in the store; ``runs`` and ``waits`` list every app unless told
+one.
 
 Exit codes: 0 done; 1 refused (the request was understood and the engine said
 no: a settled or expired wait, a finished run, a cancel that took no effect, a
@@ -26,6 +27,7 @@ import click
 from perdure.cli import (
     console,
     demo,
+    deploys,
     live,
     migrate,
     operators,
@@ -70,6 +72,7 @@ for command in (
     demo.demo,
     tokens.tokens,
     console.console,
+    deploys.check,
 ):
     cli.add_command(command)
 

@@ -22,11 +22,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.contextmanager
-def opened(url: str | None) -> Iterator[port.Store]:
-    """Open (and migrate) the store, turning any failure into bad input."""
+def opened(url: str | None, *, create: bool = True, migrate: bool = True) -> Iterator[port.Store]:
+    """Open (and migrate) the store, turning any failure into bad input.
+
+    With ``create=False`` (every command that reads or steers existing runs) a
+    SQLite file that does not exist is refused instead of being created.
+    """
     url = url or default_url()
     try:
-        store = open_store(url)
+        store = open_store(url, create=create, migrate=migrate)
     except errors.PerdureError:
         raise
     except Exception as exc:  # an adapter or driver error we do not know by name
@@ -90,19 +94,79 @@ def handled(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+STORE_HELP = "Store URL (default: $PERDURE_STORE, else sqlite:///perdure.db)."
+APP_STORE_HELP = (
+    "Store URL (default: the app's own store: the URL given to perdure.App(...), "
+    "else $PERDURE_STORE, else sqlite:///perdure.db)."
+)
+READ_STORE_HELP = (
+    "Store URL (default: MODULE:APP's store when given, else $PERDURE_STORE, "
+    "else sqlite:///perdure.db). A missing SQLite file is an error, never created."
+)
+
+
+def _options(fn: F, *, store_help: str, with_json: bool) -> F:
+    if with_json:
+        fn = click.option(
+            "--json", "as_json", is_flag=True, help="Print one JSON document on stdout."
+        )(fn)
+    fn = click.option("--store", "store_url", metavar="URL", default=None, help=store_help)(fn)
+    return handled(fn)
+
+
 def options(fn: F) -> F:
     """Add ``--store`` and ``--json`` to a command and handle its errors."""
-    fn = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")(
-        fn
-    )
+    return _options(fn, store_help=STORE_HELP, with_json=True)
+
+
+def read_options(fn: F) -> F:
+    """Add ``--store`` (a MODULE:APP's store by default) and ``--json`` to a listing command."""
+    return _options(fn, store_help=READ_STORE_HELP, with_json=True)
+
+
+def app_options(fn: F) -> F:
+    """Add ``--store`` (the app's own store by default) and ``--json`` to a MODULE:APP command."""
+    return _options(fn, store_help=APP_STORE_HELP, with_json=True)
+
+
+def serve_options(fn: F) -> F:
+    """Add ``--store`` to a command that never ends: it prints no single JSON document."""
+    return _options(fn, store_help=APP_STORE_HELP, with_json=False)
+
+
+def app_option(fn: F) -> F:
+    """Add the optional ``MODULE:APP`` argument and ``--app NAME`` of a listing command."""
     fn = click.option(
-        "--store",
-        "store_url",
-        metavar="URL",
+        "--app",
+        "app_name",
         default=None,
-        help="Store URL (default: $PERDURE_STORE, else sqlite:///perdure.db).",
+        metavar="NAME",
+        help="Only this app (default: the app of MODULE:APP when given, else $PERDURE_APP, "
+        "else every app in the store).",
     )(fn)
-    return handled(fn)
+    return click.argument("target", metavar="[MODULE:APP]", required=False)(fn)
+
+
+def read_scope(
+    target: str | None, app_name: str | None, store_url: str | None
+) -> tuple[str | None, str | None]:
+    """Return the store URL and the app a listing command reads (None: every app).
+
+    ``--app`` wins, then the app of ``MODULE:APP``, then ``$PERDURE_APP``. The
+    store is ``--store``, else MODULE:APP's own store, else the default.
+    """
+    name = app_name or None
+    url = store_url
+    if target:
+        app = load_app(target)
+        name = name or app.name
+        url = url or app.url
+    return url, name or os.environ.get("PERDURE_APP") or None
+
+
+def apps_in(store: port.Store, name: str | None) -> list[str]:
+    """Return the apps a listing reads: the one named, or every app in the store."""
+    return [name] if name else store.apps()
 
 
 class JsonValue(click.ParamType):  # type: ignore[type-arg]

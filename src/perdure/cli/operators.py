@@ -19,7 +19,7 @@ def cancel(run_id: str, store_url: str | None, as_json: bool) -> None:
     Queued and waiting runs end at once; a running one stops at its next step.
     Exits 1 if the cancel took no effect (the run had already ended).
     """
-    with common.opened(store_url) as store:
+    with common.opened(store_url, create=False) as store:
         client = common.client_for_run(store, run_id)
         took = client.cancel(run_id)
         info = client.get(run_id)
@@ -82,7 +82,7 @@ def resolve(
     given_output = ctx.get_parameter_source("output_") == click.core.ParameterSource.COMMANDLINE
     if given_output == (error_ is not None):
         raise errors.InvalidInput("give exactly one of --output JSON or --error MSG")
-    with common.opened(store_url) as store:
+    with common.opened(store_url, create=False) as store:
         client = common.client_for_run(store, run_id)
         if given_output:
             info = client.resolve(run_id, step, output=output_, note=note)
@@ -123,7 +123,7 @@ def fork(
     and for a default cut on a once step whose outcome is unknown (resolve it
     first, or name --from-step).
     """
-    with common.opened(store_url) as store:
+    with common.opened(store_url, create=False) as store:
         client = common.client_for_run(store, run_id)
         forked = client.fork(run_id, from_step, live=live)
         reused = len(store.journal(forked.run_id))

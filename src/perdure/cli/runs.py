@@ -7,8 +7,8 @@ from typing import Any
 import click
 
 from perdure import client as client_api
-from perdure import errors
-from perdure.cli import common, output
+from perdure import errors, records
+from perdure.cli import common, journals, output
 from perdure.store import port
 
 
@@ -45,7 +45,7 @@ from perdure.store import port
     metavar="S",
     help="With --wait, give up after S seconds.",
 )
-@common.options
+@common.app_options
 def start(
     target: str,
     workflow: str,
@@ -103,49 +103,65 @@ def start(
 
 
 @click.command()
+@common.app_option
 @click.option(
     "--state", type=click.Choice(port.RUN_STATES), default=None, help="Only runs in this state."
 )
 @click.option("--workflow", default=None, metavar="NAME", help="Only runs of this workflow.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option(
-    "--app",
-    "app_name",
-    default="default",
-    show_default=True,
-    metavar="NAME",
-    help="The app whose runs to list.",
-)
-@common.options
+@common.read_options
 def runs(
+    target: str | None,
+    app_name: str | None,
     state: str | None,
     workflow: str | None,
     limit: int,
-    app_name: str,
     store_url: str | None,
     as_json: bool,
 ) -> None:
-    """List an app's runs, newest first.
+    """List runs, newest first: every app's, or one app's.
 
-    Failed and needs_attention runs say why they stopped.
+    The app is --app, else the app of MODULE:APP, else $PERDURE_APP, else
+    every app in the store. Failed and needs_attention runs say why they
+    stopped. CLAIMS counts how many times a worker took the run.
     """
-    with common.opened(store_url) as store:
-        found = client_api.Client(store, app_name).runs(state=state, workflow=workflow, limit=limit)
+    url, name = common.read_scope(target, app_name, store_url)
+    with common.opened(url, create=False) as store:
+        apps = common.apps_in(store, name)
+        found: list[tuple[str, records.RunInfo]] = []
+        for app in apps:
+            listed = client_api.Client(store, app).runs(state=state, workflow=workflow, limit=limit)
+            found += [(app, info) for info in listed]
+        # An app named but empty: say which apps the store does have.
+        known = store.apps() if name and not found else apps
+    # Each app's list is newest first; merged, the newest ``limit`` of them all.
+    found.sort(key=lambda pair: (pair[1].created_at, pair[1].run_id), reverse=True)
+    found = found[:limit]
     if as_json:
-        output.emit_json([output.run_doc(info, app_name) for info in found])
+        output.emit_json([output.run_doc(info, app) for app, info in found])
         return
     if not found:
-        click.echo(f"no runs in app {app_name}" + (f" in state {state}" if state else ""))
+        where = f"app {name}" if name else "the store"
+        others = f" (apps in the store: {', '.join(known)})" if name and known else ""
+        click.echo(f"no runs in {where}" + (f" in state {state}" if state else "") + others)
         return
     lines = output.table(
-        ["RUN", "WORKFLOW", "VERSION", "STATE", "ATTEMPT", "UPDATED"],
+        ["RUN", "APP", "WORKFLOW", "VERSION", "STATE", "CLAIMS", "UPDATED"],
         [
-            [i.run_id, i.workflow, i.version, i.state, str(i.attempt), output.when(i.updated_at)]
-            for i in found
+            [
+                i.run_id,
+                app,
+                i.workflow,
+                i.version,
+                i.state,
+                str(i.attempt),
+                output.when(i.updated_at),
+            ]
+            for app, i in found
         ],
     )
     click.echo(lines[0])
-    for info, line in zip(found, lines[1:], strict=True):
+    for (_, info), line in zip(found, lines[1:], strict=True):
         click.echo(line)
         if info.error and info.state in ("failed", "needs_attention"):
             click.echo(f"    {output.why(info.error)}")
@@ -154,21 +170,37 @@ def runs(
 @click.command()
 @click.argument("run_id")
 @click.option("--history", is_flag=True, help="Also print the run's provenance ledger.")
+@click.option(
+    "--journal",
+    is_flag=True,
+    help="Also print the run's journal: each position with its attempts, duration, "
+    "output (truncated) and error.",
+)
 @common.options
-def show(run_id: str, history: bool, store_url: str | None, as_json: bool) -> None:
-    """Print a run (with --history, its provenance ledger)."""
-    with common.opened(store_url) as store:
+def show(run_id: str, history: bool, journal: bool, store_url: str | None, as_json: bool) -> None:
+    """Print a run (with --history, its provenance ledger; with --journal, its journal).
+
+    "claims" counts how many times a worker took the run (a first claim, and
+    one more after every wait, sleep, release or recovery); "failures" counts
+    the consecutive attempts that failed (a crash, a lost lease, a store
+    fault), which reset when a step is recorded.
+    """
+    with common.opened(store_url, create=False) as store:
         client = common.client_for_run(store, run_id)
         info = client.get(run_id)
         children = client.children(run_id)
-        ledger = client.history(run_id) if history else None
+        ledger = client.history(run_id) if history or journal else None
+        entries = journals.rows(store.journal(run_id), ledger or []) if journal else None
         attempts = client.attempts(run_id)
     if as_json:
         doc = output.run_doc(info, client.app)
+        doc["claims"] = info.attempt
         doc["children"] = children
         doc["failed_attempts"] = attempts
-        if ledger is not None:
+        if history and ledger is not None:
             doc["history"] = ledger
+        if entries is not None:
+            doc["journal"] = entries
         output.emit_json(doc)
         return
     rows = [
@@ -184,7 +216,8 @@ def show(run_id: str, history: bool, store_url: str | None, as_json: bool) -> No
                 else ""
             ),
         ),
-        ("attempt", f"{info.attempt} (consecutive failures: {info.failures})"),
+        ("claims", f"{info.attempt} (times a worker took the run)"),
+        ("failures", f"{info.failures} (consecutive failed attempts)"),
         ("created", output.when(info.created_at)),
         ("updated", output.when(info.updated_at)),
         ("key", info.key or "-"),
@@ -200,7 +233,10 @@ def show(run_id: str, history: bool, store_url: str | None, as_json: bool) -> No
     for name, value in rows:
         click.echo(f"{name.ljust(width)}  {value}")
     output.echo_attempts(attempts)
-    if ledger is not None:
+    if entries is not None:
+        click.echo("")
+        output.echo_lines(journals.table(entries) if entries else ["the journal is empty"])
+    if history and ledger is not None:
         click.echo("")
         output.echo_lines(
             output.table(

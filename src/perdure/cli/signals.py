@@ -51,7 +51,7 @@ def signal(
     Exits 1, printing the stored receipt, when the wait was already settled
     by another signal, a timeout or a cancel.
     """
-    with common.opened(store_url) as store:
+    with common.opened(store_url, create=False) as store:
         client = common.client_for_run(store, run_id)
         try:
             receipt = client.signal(run_id, name, payload, signal_id)
@@ -83,7 +83,7 @@ def send(
 
     A repeated KEY is not stored again: the first payload wins.
     """
-    with common.opened(store_url) as store:
+    with common.opened(store_url, create=False) as store:
         stored = common.client_for_run(store, run_id).send(run_id, channel, key, payload)
     if as_json:
         output.emit_json({"run_id": run_id, "channel": channel, "key": key, "stored": stored})
@@ -96,37 +96,60 @@ def send(
         )
 
 
+KINDS = ("signal", "channel", "child", "sleep", "timer")
+
+
 @click.command()
+@common.app_option
 @click.option("--run", "run_id", default=None, metavar="RUN_ID", help="Only this run's waits.")
 @click.option(
-    "--app",
-    "app_name",
-    default="default",
+    "--kind",
+    type=click.Choice([*KINDS, "all"]),
+    default="all",
     show_default=True,
-    metavar="NAME",
-    help="The app whose waits to list (ignored with --run).",
+    help="signal: ctx.wait; channel: ctx.receive; child: a child's result; sleep: "
+    "ctx.sleep; timer: a queued run held back (a retry's backoff).",
 )
-@common.options
-def waits(run_id: str | None, app_name: str, store_url: str | None, as_json: bool) -> None:
-    """List open waits.
+@common.read_options
+def waits(
+    target: str | None,
+    app_name: str | None,
+    run_id: str | None,
+    kind: str,
+    store_url: str | None,
+    as_json: bool,
+) -> None:
+    """List what runs wait for: signals, messages, children, sleeps and timers.
 
-    Waits whose deadline has passed are settled as timed out on the way.
+    The app is --app, else the app of MODULE:APP, else $PERDURE_APP, else
+    every app in the store (--run finds its run's app). DEADLINE is when a
+    wait times out, a sleep ends or a held-back run becomes claimable. Waits
+    whose deadline has passed are settled as timed out on the way.
     """
-    with common.opened(store_url) as store:
+    url, name = common.read_scope(target, app_name, store_url)
+    found: list[tuple[str, records.Wait]] = []
+    with common.opened(url, create=False) as store:
         if run_id is not None:
-            client = common.client_for_run(store, run_id)
+            clients = [common.client_for_run(store, run_id)]
         else:
-            client = client_api.Client(store, app_name)
-        found = client.waits(run_id)
+            clients = [client_api.Client(store, app) for app in common.apps_in(store, name)]
+        for client in clients:
+            listed = client.waits(run_id) + client.timers(run_id)
+            found += [(client.app, w) for w in listed if kind in ("all", w.kind)]
     if as_json:
-        output.emit_json(found)
+        output.emit_json([w for _, w in found])
     elif not found:
-        click.echo("no open waits")
+        click.echo("no open waits" if kind == "all" else f"no open waits of kind {kind}")
     else:
+        # Listing every app's waits, the table names each one's app.
+        every = run_id is None and name is None
         output.echo_lines(
             output.table(
-                ["WAIT", "KIND", "DEADLINE"],
-                [[w.wait_id, w.kind, output.when(w.deadline)] for w in found],
+                ["WAIT", "KIND", "DEADLINE", *(["APP"] if every else [])],
+                [
+                    [w.wait_id, w.kind, output.when(w.deadline), *([app] if every else [])]
+                    for app, w in found
+                ],
             )
         )
 
@@ -136,7 +159,7 @@ def waits(run_id: str | None, app_name: str, store_url: str | None, as_json: boo
 @common.options
 def resume(run_id: str, store_url: str | None, as_json: bool) -> None:
     """Re-queue a waiting run whose waits all have outcomes."""
-    with common.opened(store_url) as store:
+    with common.opened(store_url, create=False) as store:
         client = common.client_for_run(store, run_id)
         requeued = client.resume(run_id)
         info = client.get(run_id)

@@ -57,7 +57,7 @@ from perdure.cli import common, output
     help="Log lines on stderr as text, or as one JSON object per line (ts, level, logger, "
     "message, and run_id, app, workflow, step, attempt when known).",
 )
-@common.options
+@common.serve_options
 def worker(
     target: str,
     concurrency: int,
@@ -67,13 +67,14 @@ def worker(
     liveness: str,
     log_format: logs.LogFormat,
     store_url: str | None,
-    as_json: bool,
 ) -> None:
     """Serve the app's runs until SIGINT or SIGTERM.
 
     The first signal stops claiming and lets in-flight steps record their
     outcomes (up to --grace seconds); a second one stops at once. Exits 1
-    when it left a run in flight.
+    when it left a run in flight. It first prints one line naming the worker,
+    the app, the store it serves and the workflows it has. It never ends by
+    itself, so it prints no JSON document: see its log on stderr.
     """
     app = common.load_app(target)
     if store_url:
@@ -87,26 +88,12 @@ def worker(
             grace=grace,
             liveness=liveness,
         )
-        about = {
-            "worker_id": served.worker_id,
-            "app": app.name,
-            "store": output.redact(app.store.url),
-            "pid": os.getpid(),
-            "workflows": [{"name": n, "version": v} for n, v in app.workflow_versions()],
-            "concurrency": concurrency,
-            "lease_ttl": lease_ttl,
-            "heartbeat": heartbeat,
-            "grace": grace,
-            "liveness": served.liveness,
-        }
-        if as_json:
-            click.echo(output.compact(about))  # one line, so a supervisor can read it as it starts
-        else:
-            names = ", ".join(f"{n} v{v}" for n, v in app.workflow_versions()) or "none"
-            click.echo(
-                f"worker {served.worker_id} serving app {app.name} on "
-                f"{about['store']} (workflows: {names}); Ctrl-C to stop"
-            )
+        names = ", ".join(f"{n} v{v}" for n, v in app.workflow_versions()) or "none"
+        click.echo(
+            f"worker {served.worker_id} serving app {app.name} on "
+            f"{output.redact(app.store.url)} (workflows: {names}, pid {os.getpid()}); "
+            "Ctrl-C to stop"
+        )
         sys.stdout.flush()
         clean = served.run()
         if not clean:

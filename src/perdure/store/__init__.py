@@ -23,12 +23,15 @@ def open_store(
     clock: port.Clock | None = None,
     ledger_limit: int = DEFAULT_LEDGER_LIMIT,
     migrate: bool = True,
+    create: bool = True,
 ) -> port.Store:
     """Open (and by default migrate) the store named by ``url``.
 
     ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``sqlite://:memory:``
     is refused (a store must outlive its process), and ``postgresql://...``
-    (or ``postgres://``) needs the ``postgres`` extra.
+    (or ``postgres://``) needs the ``postgres`` extra. With ``create=False`` a
+    SQLite file that does not exist is refused rather than created (what a
+    command that only reads or steers existing runs wants).
 
     Raises:
         errors.InvalidStoreURL: the URL names no usable store.
@@ -42,7 +45,7 @@ def open_store(
     if scheme == "sqlite":
         from perdure.store.sqlite import store as sqlite_store
 
-        store = sqlite_store.SqliteStore(url, clock=clock, ledger_limit=ledger_limit)
+        store = sqlite_store.SqliteStore(url, clock=clock, ledger_limit=ledger_limit, create=create)
     elif scheme in ("postgresql", "postgres"):
         try:
             from perdure.store.postgres import store as postgres_store

@@ -79,6 +79,8 @@ EntryStatus = Literal["started", "ok", "error"]
 
 OutcomeKind = Literal["signaled", "timed_out", "canceled"]
 WaitKind = Literal["signal", "channel", "child", "update"]
+TimerKind = Literal["sleep", "timer"]
+"""``sleep``: a waiting run with no registered wait; ``timer``: a queued run held back."""
 
 LEDGER_KINDS: frozenset[str] = frozenset(
     {
@@ -276,6 +278,17 @@ class WaitRecord:
     kind: WaitKind
     deadline: datetime | None
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class Timer:
+    """A run held until ``due`` by nothing but time (see ``Store.timers``)."""
+
+    run_id: str
+    app: str
+    kind: TimerKind
+    due: datetime
+    workflow: str
 
 
 @dataclass(frozen=True)
@@ -659,5 +672,21 @@ class Store(Protocol):
         """Count the app's runs by state and find its most overdue waiting run.
 
         One read, for metrics; it writes nothing and takes no lock a claim waits on.
+        """
+        ...
+
+    # -- overview: read-only views for operators (perdure.store.overview) -----
+
+    def apps(self) -> list[str]:
+        """Return the names of the apps that have runs in the store, sorted."""
+        ...
+
+    def timers(self, app: str, run_id: str | None = None) -> list[Timer]:
+        """Return the app's runs that only time will make claimable, earliest first.
+
+        ``sleep``: a ``waiting`` run with a ``ready_at`` and no registered
+        wait (a durable sleep; listed even once due, until it is claimed).
+        ``timer``: a ``queued`` run whose ``ready_at`` is still ahead (the
+        backoff of a retry or a release's delay). Writes nothing.
         """
         ...

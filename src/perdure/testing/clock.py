@@ -2,17 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 
 class FakeClock:
-    """A thread-safe clock for tests: ``now()`` is pinned until ``advance``."""
+    """A thread-safe clock for tests: ``now()`` is pinned until ``advance``.
+
+    Whoever must know when time moves subscribes (:meth:`subscribe`): an
+    ``App`` built with this clock makes each of its workers look for due runs
+    as soon as the clock moves, instead of at their next poll.
+    """
 
     def __init__(self, start: datetime | None = None) -> None:
         self._now = start or datetime(2030, 1, 1, tzinfo=UTC)
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` after every move of the clock; return the unsubscribe call."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _moved(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            # A listener whose store was closed meanwhile must not stop the clock.
+            with contextlib.suppress(Exception):
+                listener()
 
     def now(self) -> datetime:
         with self._lock:
@@ -25,7 +52,9 @@ class FakeClock:
             raise ValueError("a clock never goes back")
         with self._lock:
             self._now += step
-            return self._now
+            now = self._now
+        self._moved()
+        return now
 
     def set(self, when: datetime) -> None:
         """Jump to ``when``, which must not be earlier than now."""
@@ -33,6 +62,7 @@ class FakeClock:
             if when < self._now:
                 raise ValueError("a clock never goes back")
             self._now = when
+        self._moved()
 
     def step(self, seconds: float = 0.0, **delta: float) -> datetime:
         """Step by ``seconds`` either way, as a host clock does under NTP; return the new now.
@@ -42,7 +72,9 @@ class FakeClock:
         """
         with self._lock:
             self._now += timedelta(seconds=seconds, **delta)
-            return self._now
+            now = self._now
+        self._moved()
+        return now
 
 
 class OffsetClock:

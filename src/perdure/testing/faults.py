@@ -1,4 +1,4 @@
-"""A store wrapper that injects faults, and a throwaway embedded store.
+"""A store wrapper that injects faults (``temporary_store`` now lives in ``perdure.testing``).
 
 Wrap the real store rather than faking one, so that every operation keeps the
 real adapter's guarantees and only the injected moment differs::
@@ -17,15 +17,15 @@ call with ``times=None``); ``before`` hooks run before the real operation,
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from perdure.store import open_store, port
+from perdure.store import port
+from perdure.testing.environment import temporary_store
+
+__all__ = ["FaultyStore", "temporary_store"]  # temporary_store: kept here for compatibility
 
 
 @dataclass
@@ -100,14 +100,3 @@ class FaultyStore:
             return result
 
         return call
-
-
-@contextlib.contextmanager
-def temporary_store(**options: Any) -> Iterator[port.Store]:
-    """Yield a fresh, migrated embedded store in a temporary folder, removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="perdure-") as folder:
-        store = open_store(f"sqlite:///{Path(folder) / 'perdure.db'}", **options)
-        try:
-            yield store
-        finally:
-            store.close()

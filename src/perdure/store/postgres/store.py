@@ -35,7 +35,7 @@ import psycopg
 import psycopg.errors
 
 from perdure import errors
-from perdure.store import census, ledger, live, liveport, port, rows, sqlfiles, surface
+from perdure.store import census, ledger, live, liveport, overview, port, rows, sqlfiles, surface
 from perdure.store.postgres import connection, listener
 
 log = logging.getLogger("perdure.store.postgres")
@@ -60,6 +60,7 @@ class PostgresStore(
     surface.RetentionTransitions[Cursor],
     live.LiveTransitions[Cursor],
     census.Census[Cursor],
+    overview.Overview[Cursor],
 ):
     """The port on PostgreSQL (see the module docstring)."""
 

@@ -196,16 +196,22 @@ class Tx:
 class Connections:
     """The connections of one store object to one SQLite database file."""
 
-    def __init__(self, url: str, *, clock: port.Clock | None) -> None:
-        """Open (creating if missing) the database file named by ``url``.
+    def __init__(self, url: str, *, clock: port.Clock | None, create: bool = True) -> None:
+        """Open (creating if missing, unless ``create`` is False) the file named by ``url``.
 
         Raises:
             errors.InvalidStoreURL: the URL names no file.
-            errors.StoreUnavailable: the file cannot be created or opened.
+            errors.StoreUnavailable: the file cannot be created or opened, or
+                it does not exist and ``create`` is False.
         """
         self.url = url
         self.path = database_path(url)
         _check_location(self.path)
+        if not create and not os.path.isfile(self.path):
+            raise errors.StoreUnavailable(
+                f"there is no SQLite store at {self.path}: the file does not exist. Give the "
+                "store with --store URL or $PERDURE_STORE (perdure migrate creates an empty one)."
+            )
         self._clock: port.Clock = clock or port.SystemClock()
         self._lock = threading.Lock()
         self._mutex = threading.Lock()

@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from perdure import errors
-from perdure.store import census, ledger, live, liveport, port, rows, sqlfiles, surface
+from perdure.store import census, ledger, live, liveport, overview, port, rows, sqlfiles, surface
 from perdure.store.sqlite import connection, wakeup
 
 Row = sqlite3.Row
@@ -51,15 +51,21 @@ class SqliteStore(
     surface.RetentionTransitions[Cursor],
     live.LiveTransitions[Cursor],
     census.Census[Cursor],
+    overview.Overview[Cursor],
 ):
     """A :class:`port.Store` on one SQLite database file."""
 
     read = rows.Reader(rows.MICROSECONDS)
 
     def __init__(
-        self, url: str, *, clock: port.Clock | None = None, ledger_limit: int = 256
+        self,
+        url: str,
+        *,
+        clock: port.Clock | None = None,
+        ledger_limit: int = 256,
+        create: bool = True,
     ) -> None:
-        """Open (creating if missing) the database file named by ``url``.
+        """Open (creating if missing, unless ``create`` is False) the file named by ``url``.
 
         Raises:
             errors.InvalidStoreURL: the URL names no file.
@@ -72,7 +78,7 @@ class SqliteStore(
                 f"the embedded store needs SQLite 3.35 or later; this Python has "
                 f"{sqlite3.sqlite_version}."
             )
-        super().__init__(url, clock=clock)
+        super().__init__(url, clock=clock, create=create)
         self._ledger_limit = ledger_limit
 
     # -- plumbing -------------------------------------------------------------

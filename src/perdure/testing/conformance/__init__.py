@@ -64,6 +64,7 @@ from perdure.testing.conformance.ledger import LedgerTests
 from perdure.testing.conformance.lifecycle import LifecycleTests
 from perdure.testing.conformance.live import LiveTests
 from perdure.testing.conformance.operators import OperatorTests
+from perdure.testing.conformance.overview import OverviewTests
 from perdure.testing.conformance.retention import RetentionTests
 from perdure.testing.conformance.runs import RunTests
 from perdure.testing.conformance.surface import PageTests, TokenTests
@@ -96,6 +97,7 @@ class StoreConformance(
     RetentionTests,
     LiveTests,
     CensusTests,
+    OverviewTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 

@@ -875,3 +875,24 @@ LEFT JOIN LATERAL (
            min(ready_at) FILTER (WHERE state = 'waiting' AND ready_at <= c.at) AS oldest_due
     FROM perdure.runs WHERE app = %(app)s GROUP BY state
 ) AS s ON true;
+
+-- == overview: read-only views for operators (perdure.store.overview) ==========
+
+-- name: apps
+SELECT DISTINCT app FROM perdure.runs ORDER BY app;
+
+-- name: timers
+-- Runs held until an instant by nothing but time: sleeping runs (waiting
+-- with no registered wait) and queued runs that may not be claimed yet
+-- (a retry's backoff, a release's delay).
+SELECT * FROM perdure.runs AS r
+WHERE r.app = %(app)s
+  AND (%(run_id)s::text IS NULL OR r.run_id = %(run_id)s::text)
+  AND r.ready_at IS NOT NULL
+  AND (
+      (r.state = 'waiting'
+       AND NOT EXISTS (SELECT 1 FROM perdure.waits AS w WHERE w.run_id = r.run_id))
+      OR (r.state = 'queued'
+          AND r.ready_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+  )
+ORDER BY r.ready_at, r.run_id;

@@ -694,3 +694,22 @@ LEFT JOIN (
            min(CASE WHEN state = 'waiting' AND ready_at <= :now THEN ready_at END) AS oldest_due
     FROM runs WHERE app = :app GROUP BY state
 ) AS s ON 1;
+
+-- == overview: read-only views for operators (perdure.store.overview) ==========
+
+-- name: apps
+SELECT DISTINCT app FROM runs ORDER BY app;
+
+-- name: timers
+-- Runs held until an instant by nothing but time: sleeping runs (waiting
+-- with no registered wait) and queued runs that may not be claimed yet
+-- (a retry's backoff, a release's delay).
+SELECT * FROM runs AS r
+WHERE r.app = :app
+  AND (:run_id IS NULL OR r.run_id = :run_id)
+  AND r.ready_at IS NOT NULL
+  AND (
+      (r.state = 'waiting' AND NOT EXISTS (SELECT 1 FROM waits AS w WHERE w.run_id = r.run_id))
+      OR (r.state = 'queued' AND r.ready_at > :now)
+  )
+ORDER BY r.ready_at, r.run_id;
