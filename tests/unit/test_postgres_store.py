@@ -237,6 +237,13 @@ def test_notify_ready_wakes_every_local_waiter(store: postgres.PostgresStore) ->
 
     waiters = [in_thread(waiting) for _ in range(3)]
     barrier.wait(timeout=10)
+    # Notify only once every waiter is waiting: one holds the listening
+    # connection and two wait on the condition (a waiter that started late
+    # would have read the wake count after the notify and wait for the next).
+    deadline = time.monotonic() + 10
+    while not (store._listen_lock.locked() and len(store._wake_cond._waiters) == 2):  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the waiters never all waited"
+        time.sleep(0.005)
     store.notify_ready()
     for thread, _ in waiters:
         thread.join(timeout=10)

@@ -97,8 +97,8 @@ class SqliteStore(
     # or two rows. So the hot path writes one row per statement.
     def _put_journal(self, cur: Cursor, run_id: str, entries: Sequence[port.JournalEntry]) -> None:
         for entry in entries:
-            written = self._exec(cur, "journal_put", run_id=run_id, **vars(entry)).fetchone()
-            if written is None:
+            written = self._exec(cur, "journal_put", run_id=run_id, **vars(entry))
+            if written.rowcount != 1:
                 raise rows.corrupt(
                     run_id,
                     "journal_position_taken",
@@ -221,7 +221,15 @@ class SqliteStore(
         def work(cur: Cursor) -> None:
             row = self._fenced(cur, fence, claim, claim.canceling, receipts=len(marks))
             self._put_journal(cur, claim.run_id, entries)
-            self._append_marks(cur, claim, row["ledger_sequence"], marks)
+            # The fence returned the run's bound: plain inserts, and a trim only when due.
+            last, limit = row["ledger_sequence"], row["ledger_limit"]
+            for receipt in ledger.numbered(
+                claim.run_id, last, claim.generation, claim.worker, marks
+            ):
+                if receipt.sequence > last - limit:
+                    self._exec(cur, "ledger_put", **vars(receipt))
+            if marks and last > limit:
+                self._exec(cur, "ledger_cut", run_id=claim.run_id, upto=last - limit)
 
         self._transact(work)
 

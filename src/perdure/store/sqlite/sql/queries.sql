@@ -199,7 +199,7 @@ UPDATE runs SET
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
-RETURNING app, generation, ledger_sequence;
+RETURNING app, generation, ledger_sequence, ledger_limit;
 
 -- name: fence_step
 UPDATE runs SET
@@ -208,7 +208,7 @@ UPDATE runs SET
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
-RETURNING app, generation, ledger_sequence;
+RETURNING app, generation, ledger_sequence, ledger_limit;
 
 -- name: release
 UPDATE runs SET
@@ -251,7 +251,7 @@ RETURNING run_id, app, parent_id, state, result, error, generation, ledger_seque
 -- name: journal_put
 -- One row per call: SQLite has no arrays, and decoding a JSON batch costs
 -- more than the statement it saves. An existing position is replaced only
--- while it is 'started'; any other is left alone and returns no row, and the
+-- while it is 'started'; any other is left alone and changes no row, and the
 -- caller refuses.
 INSERT INTO journal (
     run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
@@ -265,8 +265,7 @@ ON CONFLICT (run_id, position) DO UPDATE SET
     error = excluded.error,
     attempt = excluded.attempt,
     updated_at = excluded.updated_at
-WHERE journal.status = 'started'
-RETURNING position;
+WHERE journal.status = 'started';
 
 -- name: ledger_append
 -- One receipt, numbered (the run's ledger_sequence was raised by the same
@@ -278,6 +277,15 @@ SELECT :run_id, :sequence, :kind, :now, :generation, :worker, :step, :digest, :n
 FROM runs AS u
 WHERE u.run_id = :run_id AND :sequence > u.ledger_sequence - u.ledger_limit
 RETURNING sequence > (SELECT ledger_limit FROM runs WHERE run_id = :run_id) AS due;
+
+-- name: ledger_put
+-- One receipt of a step's write, whose fence returned the run's bound: the
+-- caller stores only what the bound keeps and trims with ledger_cut.
+INSERT INTO ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
+VALUES (:run_id, :sequence, :kind, :now, :generation, :worker, :step, :digest, :note);
+
+-- name: ledger_cut
+DELETE FROM ledger WHERE run_id = :run_id AND sequence <= :upto;
 
 -- name: ledger_trim
 -- Once per run and write, only once the run has passed its bound (ledger_append
