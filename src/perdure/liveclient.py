@@ -47,10 +47,8 @@ class LiveCalls:
     store: port.Store
     app: str
     payload_limit: int
-
-    def _run(self, run_id: str) -> port.Run:
-        """Return the app's run, or raise RunNotFound (the Client supplies it)."""
-        raise NotImplementedError
+    # The Client supplies it: the app's run, or RunNotFound.
+    _run: Callable[[str], port.Run]
 
     # -- updates --------------------------------------------------------------
 
