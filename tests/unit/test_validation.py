@@ -105,6 +105,7 @@ def test_a_sound_journal_passes() -> None:
     old_error = '{"type":"E","message":"m","code":"step_failed"}'
     validation.journal("r1", [entry(1, error=attempts), entry(2, status="error", error=old_error)])
     validation.journal("r1", [entry(1, kind="wait", status="error", error='{"code":"x"}')])
+    validation.journal("r1", [entry(1, kind="event", name="status", output='{"value":"open"}')])
 
 
 @pytest.mark.parametrize(
@@ -124,6 +125,7 @@ def test_a_sound_journal_passes() -> None:
         ([entry(1, error='{"attempts":{}}')], "journal_attempts_shape"),
         ([entry(1, error='{"attempts":[{"attempt":0}]}')], "journal_attempts_shape"),
         ([entry(1, status="error", error='"text"')], "journal_attempts_shape"),
+        ([entry(1, kind="event", name="status", output='{"no_value":1}')], "journal_body"),
     ],
 )
 def test_a_broken_journal_is_refused(entries: list[port.JournalEntry], invariant: str) -> None:
