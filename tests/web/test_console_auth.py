@@ -51,6 +51,18 @@ def test_malformed_or_unknown_tokens_are_refused(world: World, header: str) -> N
     _unchanged(world)
 
 
+def test_a_token_no_store_can_hold_is_refused_before_any_lookup(any_world: World) -> None:
+    """A NUL in the id would make PostgreSQL refuse the lookup itself (a 500)."""
+    world = any_world
+    http = world.client()
+    for forged in ("pdt_ab\x00cd_secret", "pdt_ABCD_secret", "pdt_abcd_sec ret"):
+        answer = http.post("/login", data={"token": forged}, follow_redirects=False)
+        assert answer.status_code in (401, 400, 200), answer.status_code
+        assert answer.status_code != 500
+        assert "not valid" in answer.text or "malformed" in answer.text
+    _unchanged(world)
+
+
 def test_a_wrong_secret_is_refused(world: World) -> None:
     token = world.token("operate")
     forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
@@ -133,8 +145,8 @@ def test_revoked_and_expired_tokens_are_refused(any_world: World) -> None:
     assert answer.status_code == 401 and "revoked" in answer.json()["error"]["message"]
     now = world.store.now()
     secret = "s" * 40
-    held.create_token(tokens.NewToken("old1", world.app.name, "operate", auth.digest(secret), now))
-    expired = http.post(url, json=body, headers=_bearer(f"pdt_old1_{secret}"))
+    held.create_token(tokens.NewToken("01d1", world.app.name, "operate", auth.digest(secret), now))
+    expired = http.post(url, json=body, headers=_bearer(f"pdt_01d1_{secret}"))
     assert expired.status_code == 401 and "expired" in expired.json()["error"]["message"]
     assert world.app.get(world.attention).state == "needs_attention"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -86,11 +87,19 @@ def mint(
     return Minted(f"{PREFIX}{token_id}_{secret}", stored)
 
 
+_ID = re.compile(r"[0-9a-f]{1,64}")
+_SECRET = re.compile(r"[A-Za-z0-9_-]{1,160}")
+
+
 def _split(presented: str) -> tuple[str, str] | None:
     if not presented.startswith(PREFIX):
         return None
     token_id, sep, secret = presented[len(PREFIX) :].partition("_")
     if not sep or not token_id or not secret or len(presented) > 200:
+        return None
+    # What mint makes: a hex id and a URL-safe secret. Anything else (a NUL
+    # that PostgreSQL would refuse, say) never reaches the store.
+    if not (_ID.fullmatch(token_id) and _SECRET.fullmatch(secret)):
         return None
     return token_id, secret
 
