@@ -67,18 +67,27 @@ def test_a_workers_sweep_prunes_runs_past_the_apps_retention(store_url: str) -> 
         app.close()
 
 
-def test_no_retention_keeps_everything(sqlite_url: str) -> None:
+def test_a_workers_prune_follows_the_apps_retention(sqlite_url: str) -> None:
+    """The sweep's prune step, driven by hand: None keeps every run, however old."""
     clock = FakeClock()
-    app = make(sqlite_url, clock, None)
+    kept = make(sqlite_url, clock, None)
     try:
-        with app.worker(**WORKER):
-            assert app.start("quick", 1).result(timeout=30) == 1
-            clock.advance(timedelta(days=3650).total_seconds())
-            assert app.start("quick", 2).result(timeout=30) == 2
-            time.sleep(0.3)  # several sweep intervals pass; nothing may be pruned
-        assert len(app.runs(limit=10)) == 2
+        with kept.worker(**WORKER):
+            assert kept.start("quick", 1).result(timeout=30) == 1
+        clock.advance(timedelta(days=3650).total_seconds())
+        worker = perdure.Worker(kept, kept.store, concurrency=1, lease_ttl=3, heartbeat=1)
+        worker._prune()
+        assert len(kept.runs(limit=10)) == 1
+        # The same store and run, under an app that keeps 30 days: pruned.
+        pruning = make(sqlite_url, clock, timedelta(days=30))
+        try:
+            worker = perdure.Worker(pruning, pruning.store, concurrency=1, lease_ttl=3, heartbeat=1)
+            worker._prune()
+            assert pruning.runs(limit=10) == []
+        finally:
+            pruning.close()
     finally:
-        app.close()
+        kept.close()
 
 
 def test_perdure_prune_deletes_by_hand(store_url: str) -> None:

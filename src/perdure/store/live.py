@@ -68,7 +68,9 @@ class LiveTransitions(transitions.Transitions[C]):
                     raise rows.corrupt(update.run_id, "update_state", "a refused update is gone")
                 return self.read.update(stored), False
             if run.state == "waiting":
-                woken = self._exec(cur, "wake_on_update", **params).fetchall()
+                woken = self._exec(
+                    cur, "wake_on_wait", run_id=update.run_id, kind="update", name=update.name
+                ).fetchall()
                 self._woken(cur, woken)
             self._announce(cur, [update.run_id])
             return self.read.update(created), True

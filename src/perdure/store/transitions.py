@@ -538,7 +538,8 @@ class Transitions(abc.ABC, Generic[C]):
                 return False
             self._exec(cur, "message_counted", run_id=message.run_id)
             if run.state == "waiting":
-                self._woken(cur, self._exec(cur, "wake_on_channel", **params).fetchall())
+                parked = {"run_id": message.run_id, "kind": "channel", "name": message.channel}
+                self._woken(cur, self._exec(cur, "wake_on_wait", **parked).fetchall())
             return True
 
         return self._transact(work)

@@ -529,7 +529,9 @@ RETURNING sequence;
 -- name: message_counted
 UPDATE perdure.runs SET message_sequence = message_sequence + 1 WHERE run_id = %(run_id)s;
 
--- name: wake_on_channel
+-- name: wake_on_wait
+-- A waiting run parked on the wait :kind :name (a channel, an update) is
+-- made queued; any other is left alone.
 UPDATE perdure.runs SET
     state = 'queued',
     ready_at = NULL,
@@ -538,7 +540,7 @@ UPDATE perdure.runs SET
 WHERE run_id = %(run_id)s AND state = 'waiting'
   AND EXISTS (
     SELECT 1 FROM perdure.waits
-    WHERE waits.run_id = %(run_id)s AND waits.kind = 'channel' AND waits.name = %(channel)s
+    WHERE waits.run_id = %(run_id)s AND waits.kind = %(kind)s AND waits.name = %(name)s
   )
 RETURNING run_id, app, generation, ledger_sequence;
 
@@ -811,19 +813,6 @@ RETURNING *;
 
 -- name: update_get
 SELECT * FROM perdure.updates WHERE run_id = %(run_id)s AND update_id = %(update_id)s;
-
--- name: wake_on_update
-UPDATE perdure.runs SET
-    state = 'queued',
-    ready_at = NULL,
-    ledger_sequence = ledger_sequence + 1,
-    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-WHERE run_id = %(run_id)s AND state = 'waiting'
-  AND EXISTS (
-    SELECT 1 FROM perdure.waits
-    WHERE waits.run_id = %(run_id)s AND waits.kind = 'update' AND waits.name = %(name)s
-  )
-RETURNING run_id, app, generation, ledger_sequence;
 
 -- name: next_update
 SELECT * FROM perdure.updates

@@ -411,7 +411,9 @@ RETURNING sequence;
 -- name: message_counted
 UPDATE runs SET message_sequence = message_sequence + 1 WHERE run_id = :run_id;
 
--- name: wake_on_channel
+-- name: wake_on_wait
+-- A waiting run parked on the wait :kind :name (a channel, an update) is
+-- made queued; any other is left alone.
 UPDATE runs SET
     state = 'queued',
     ready_at = NULL,
@@ -420,7 +422,7 @@ UPDATE runs SET
 WHERE run_id = :run_id AND state = 'waiting'
   AND EXISTS (
     SELECT 1 FROM waits
-    WHERE waits.run_id = :run_id AND waits.kind = 'channel' AND waits.name = :channel
+    WHERE waits.run_id = :run_id AND waits.kind = :kind AND waits.name = :name
   )
 RETURNING run_id, app, generation, ledger_sequence;
 
@@ -648,19 +650,6 @@ RETURNING *;
 
 -- name: update_get
 SELECT * FROM updates WHERE run_id = :run_id AND update_id = :update_id;
-
--- name: wake_on_update
-UPDATE runs SET
-    state = 'queued',
-    ready_at = NULL,
-    ledger_sequence = ledger_sequence + 1,
-    updated_at = :now
-WHERE run_id = :run_id AND state = 'waiting'
-  AND EXISTS (
-    SELECT 1 FROM waits
-    WHERE waits.run_id = :run_id AND waits.kind = 'update' AND waits.name = :name
-  )
-RETURNING run_id, app, generation, ledger_sequence;
 
 -- name: next_update
 SELECT * FROM updates
