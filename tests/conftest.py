@@ -36,6 +36,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Kill child processes a failed test left behind.
+
+    At exit multiprocessing joins every child that is not a daemon; one stuck
+    at a barrier would hold the whole run until CI's time bound.
+    """
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(5)
+
+
 def _selected(config: pytest.Config, kind: str) -> bool:
     chosen = config.getoption("--store")
     return chosen in ("all", kind)

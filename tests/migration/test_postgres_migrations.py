@@ -133,9 +133,13 @@ def test_two_processes_migrating_a_fresh_database_both_succeed(postgres_url: str
     ]
     for child in children:
         child.start()
-    outcomes = [results.get(timeout=60) for _ in children]
-    for child in children:
-        child.join(timeout=30)
+    try:
+        outcomes = [results.get(timeout=60) for _ in children]
+    finally:
+        for child in children:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
 
     assert outcomes == ["ok", "ok"]
     assert _versions(postgres_url) == [m.version for m in sqlfiles.migrations("postgres")]

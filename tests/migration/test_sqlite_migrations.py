@@ -91,8 +91,9 @@ def test_migrate_is_idempotent(tmp_path: Path) -> None:
 
 
 def _race(path: str, barrier: multiprocessing.synchronize.Barrier) -> None:
+    # Opening races too: all three processes create the same fresh file.
     store = sqlite.SqliteStore(f"sqlite:///{path}")
-    barrier.wait()
+    barrier.wait(timeout=60)
     store.migrate()
     store.close()
 
@@ -101,13 +102,48 @@ def test_racing_processes_migrate_once(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(3)
-    workers = [ctx.Process(target=_race, args=(str(path), barrier)) for _ in range(3)]
+    workers = [ctx.Process(target=_race, args=(str(path), barrier), daemon=True) for _ in range(3)]
     for worker in workers:
         worker.start()
-    for worker in workers:
-        worker.join(timeout=60)
+    try:
+        for worker in workers:
+            worker.join(timeout=60)
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
     assert [worker.exitcode for worker in workers] == [0, 0, 0]
     assert _versions(path) == [m.version for m in sqlfiles.migrations("sqlite")]
+
+
+def _open_at_once(path: str, barrier: multiprocessing.synchronize.Barrier) -> None:
+    barrier.wait(timeout=60)
+    sqlite.SqliteStore(f"sqlite:///{path}").close()
+
+
+def test_processes_opening_a_fresh_file_at_once_all_succeed(tmp_path: Path) -> None:
+    # Switching a new file to write-ahead logging can fail at once with
+    # "database is locked" while another process does the same; opening waits.
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(5):
+        path = tmp_path / f"s{round_}.db"
+        barrier = ctx.Barrier(6)
+        openers = [
+            ctx.Process(target=_open_at_once, args=(str(path), barrier), daemon=True)
+            for _ in range(6)
+        ]
+        for opener in openers:
+            opener.start()
+        try:
+            for opener in openers:
+                opener.join(timeout=60)
+        finally:
+            for opener in openers:
+                if opener.is_alive():
+                    opener.kill()
+                    opener.join()
+        assert [opener.exitcode for opener in openers] == [0] * 6
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime
@@ -29,6 +30,27 @@ T = TypeVar("T")
 
 _BUSY_TIMEOUT = 10.0
 LIVE_TOPIC = "#live"
+
+
+def _journal_mode_wal(conn: sqlite3.Connection) -> str:
+    """Switch the file to write-ahead logging and return the mode it is in.
+
+    Changing the journal mode takes a lock that SQLite does not wait for
+    through the busy handler: while another process creates the same file,
+    the pragma fails at once with "database is locked". It is retried here,
+    within the same bound as any other busy wait.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT
+    pause = 0.002
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def database_path(url: str) -> str:
@@ -240,7 +262,7 @@ class Connections:
         except sqlite3.Error as exc:
             raise failure(self.path, "opening it", exc) from exc
         try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = _journal_mode_wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
         except sqlite3.Error as exc:
             conn.close()
