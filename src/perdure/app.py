@@ -343,7 +343,7 @@ class App:
     @staticmethod
     def _check_arguments(wf: registry.WorkflowDef, args: Any, kwargs: dict[str, Any]) -> None:
         try:
-            bound = inspect.signature(wf.fn).bind(None, *args, **kwargs)
+            bound = wf.signature.bind(None, *args, **kwargs)
         except TypeError as exc:
             raise errors.InvalidInput(f"bad arguments for workflow {wf.name}: {exc}") from None
         for param, value in list(bound.arguments.items())[1:]:

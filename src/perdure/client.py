@@ -17,13 +17,28 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from perdure import codec, errors, journal, liveclient, records, signals, telemetry, validation
+from perdure import (
+    codec,
+    endings,
+    errors,
+    journal,
+    liveclient,
+    records,
+    signals,
+    telemetry,
+    validation,
+)
 from perdure.store import port
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 _MISSING: Any = object()
+
+# result() reads the run again after these pauses (growing 1.3x between them),
+# unless a worker of this process reports the run's end first (see endings).
+POLL_FIRST = 0.001
+POLL_MAX = 0.02
 
 
 def athread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
@@ -216,18 +231,25 @@ class Client(liveclient.LiveCalls):
     def result(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
         """Wait for the run to end; return its result or raise RunFailed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.001
-        while True:
-            info = self.get(run_id)
-            if info.state == "succeeded":
-                return codec.convert(info.result, hint)
-            if info.done:
-                raise errors.RunFailed(run_id, info.state, info.error)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise errors.ResultTimeout(f"run {run_id} is still {info.state} after {timeout}s")
-            left = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
-            time.sleep(left)
-            pause = min(pause * 1.3, 0.02)
+        pause = POLL_FIRST
+        # Registered before the first read, so that an end reported by a
+        # worker of this process in between is not missed.
+        with endings.of(self.store).watch(run_id) as ended:
+            while True:
+                info = self.get(run_id)
+                if info.state == "succeeded":
+                    return codec.convert(info.result, hint)
+                if info.done:
+                    raise errors.RunFailed(run_id, info.state, info.error)
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise errors.ResultTimeout(
+                        f"run {run_id} is still {info.state} after {timeout}s"
+                    )
+                left = pause if deadline is None else min(pause, max(0.0, deadline - now))
+                ended.wait(left)
+                ended.clear()
+                pause = min(pause * 1.3, POLL_MAX)
 
     def children(self, run_id: str) -> dict[str, int]:
         """Return how many child runs of the run are in each state."""

@@ -23,6 +23,7 @@ from perdure import (
     codec,
     context,
     effects,
+    endings,
     errors,
     journal,
     live,
@@ -564,6 +565,7 @@ class Execution:
             self.log.warning("could not record %s: %s", state, exc)
             return
         self.ended = state
+        endings.of(self.store).ended(self.claim.run_id)
         detail = f": {codec.decode(error).get('message')}" if error else ""
         self.log.info("%s%s", state, detail)
 

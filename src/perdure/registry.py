@@ -11,6 +11,7 @@ handle's ``result()`` is ``R``.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -36,6 +37,11 @@ class WorkflowDef:
     # Filled by @workflow.validator(name) and @workflow.query(name).
     validators: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     queries: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def signature(self) -> inspect.Signature:
+        """The workflow function's signature, read once: every start checks its arguments."""
+        return inspect.signature(self.fn)
 
 
 class Registry(Protocol):

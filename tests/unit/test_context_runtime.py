@@ -367,6 +367,7 @@ def _allowed(module: Any) -> set[str]:
             "codec",
             "context",
             "effects",
+            "endings",
             "errors",
             "journal",
             "live",

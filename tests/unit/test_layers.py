@@ -25,7 +25,15 @@ SRC = Path(perdure.__file__).parent
 
 # Engine and interfaces, lowest layer first; each layer maps group -> modules.
 LAYERS: list[dict[str, set[str]]] = [
-    {"base": {"perdure.errors", "perdure.records", "perdure.telemetry", "perdure.logs"}},
+    {
+        "base": {
+            "perdure.errors",
+            "perdure.records",
+            "perdure.telemetry",
+            "perdure.logs",
+            "perdure.endings",
+        }
+    },
     {
         "port": {
             "perdure.store.port",
