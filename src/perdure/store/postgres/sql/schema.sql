@@ -53,8 +53,6 @@ CREATE INDEX runs_waiting_due ON perdure.runs (ready_at) WHERE state = 'waiting'
 -- Child counts and the recursive cancel walk.
 CREATE INDEX runs_parent ON perdure.runs (parent_id, state) WHERE parent_id IS NOT NULL;
 
--- Listing, newest first.
-CREATE INDEX runs_listing ON perdure.runs (app, created_at);
 
 CREATE TABLE perdure.journal (
     run_id text NOT NULL,

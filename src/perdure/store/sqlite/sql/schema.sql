@@ -50,8 +50,6 @@ CREATE INDEX runs_running ON runs (lease_expires_at) WHERE state = 'running';
 -- Child counts and recursive cancel.
 CREATE INDEX runs_parent ON runs (parent_id, state) WHERE parent_id IS NOT NULL;
 
--- Listing, newest first.
-CREATE INDEX runs_listing ON runs (app, created_at);
 
 CREATE TABLE journal (
     run_id TEXT NOT NULL,
