@@ -166,12 +166,16 @@ def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any], path:
     for name, value in params.items():
         if value.__class__ not in _PLAIN:
             params[name] = _param(value)
-    found: list[sqlite3.Row] = []
-    changed = 0
+    statements = _Q[query]
     try:
-        for statement in _Q[query]:
-            cursor.execute(statement, params)
+        if len(statements) == 1:  # nearly every query: no accumulation
+            cursor.execute(statements[0], params)
             # fetchall also finishes the statement, which COMMIT requires.
+            return Result(cursor.fetchall(), max(0, cursor.rowcount))
+        found: list[sqlite3.Row] = []
+        changed = 0
+        for statement in statements:
+            cursor.execute(statement, params)
             found += cursor.fetchall()
             changed += max(0, cursor.rowcount)
     except sqlite3.IntegrityError:
