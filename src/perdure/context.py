@@ -39,13 +39,8 @@ def current() -> Context | None:
     return _CURRENT.get()
 
 
-class Parked(errors.Suspend):
-    """The run must wait: for ``waits`` to be settled or until ``wake_at``."""
-
-    def __init__(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> None:
-        self.waits = waits
-        self.wake_at = wake_at
-        super().__init__("parked")
+# Defined with the step machinery, which parks a run for a long retry backoff.
+Parked = steps.Parked
 
 
 @dataclass(frozen=True)

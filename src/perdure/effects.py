@@ -20,7 +20,10 @@ class Retry:
     ``max_attempts`` counts the first try. Delays grow as
     ``initial_delay * multiplier**(attempt-1)``, capped at ``max_delay``, with
     full jitter when ``jitter`` is true. Only exceptions that are instances of
-    ``retry_on`` and not of ``give_up_on`` are retried.
+    ``retry_on`` and not of ``give_up_on`` are retried. A pause longer than
+    ``park_after`` seconds parks the run until the next attempt is due (a
+    durable timer, like ``ctx.sleep``): the worker is free meanwhile, and the
+    retry survives a restart.
     """
 
     max_attempts: int = 3
@@ -30,12 +33,17 @@ class Retry:
     jitter: bool = True
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     give_up_on: tuple[type[BaseException], ...] = field(default=())
+    # A pause longer than this parks the run (a durable timer) instead of
+    # holding its worker: the next attempt is due at a journaled instant.
+    park_after: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise errors.InvalidInput(f"Retry.max_attempts must be >= 1, got {self.max_attempts}")
         if self.initial_delay < 0 or self.max_delay < 0 or self.multiplier < 1:
             raise errors.InvalidInput("Retry delays must be >= 0 and multiplier >= 1")
+        if not self.park_after >= 0:
+            raise errors.InvalidInput(f"Retry.park_after must be >= 0, got {self.park_after}")
 
     def should_retry(self, attempt: int, exc: BaseException) -> bool:
         """Return whether a step that failed on ``attempt`` with ``exc`` runs again."""

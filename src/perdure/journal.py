@@ -318,20 +318,34 @@ class AttemptFailed:
     type: str
     message: str
     attempts: tuple[FailedAttempt, ...] = ()
+    # Set when the backoff parks the run: the next attempt is not due before it.
+    retry_at: datetime | None = None
 
     def encode(self) -> str:
         body: dict[str, Any] = {"code": "effect_failed", "type": self.type, "message": self.message}
         if self.attempts:
             body["attempts"] = _attempts_list(self.attempts)
+        if self.retry_at is not None:
+            body["retry_at"] = self.retry_at.isoformat()
         return codec.encode(body)
 
     @classmethod
     def decode(cls, text: str | None) -> AttemptFailed | None:
-        """Return the failed attempt, or None for an error of another kind."""
+        """Return the failed attempt, or None for an error of another kind.
+
+        Raises:
+            ValueError: ``retry_at`` is not an aware instant.
+        """
         data = codec.decode(text or "null")
         if not isinstance(data, dict) or data.get("code") != "effect_failed":
             return None
-        return cls(str(data.get("type")), str(data.get("message")), _attempts(data))
+        due = data.get("retry_at")
+        return cls(
+            str(data.get("type")),
+            str(data.get("message")),
+            _attempts(data),
+            None if due is None else instant(due),
+        )
 
 
 def failed_attempts(entry: Entry) -> tuple[FailedAttempt, ...]:

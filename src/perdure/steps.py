@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from perdure import codec, effects, errors, journal, telemetry
@@ -41,6 +42,15 @@ def idempotency_key() -> str:
     if key is None:
         raise errors.InvalidInput("idempotency_key() is only available inside a step")
     return key
+
+
+class Parked(errors.Suspend):
+    """The run must wait: for ``waits`` to be settled or until ``wake_at``."""
+
+    def __init__(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> None:
+        self.waits = waits
+        self.wake_at = wake_at
+        super().__init__("parked")
 
 
 class Halt(errors.Interrupt):
@@ -85,6 +95,9 @@ class Runtime(Protocol):
 
     def pause(self, seconds: float) -> None:
         """Wait between attempts; raise as :meth:`check` does if the run must stop."""
+
+    def now(self) -> datetime:
+        """The store's clock: when a parked retry is due is measured against it."""
 
     def recorded(self, position: int) -> journal.Entry | None:
         """Return the entry stored at ``position``, as far as this execution knows."""
@@ -137,12 +150,16 @@ class StepCall:
         self.failures: tuple[journal.FailedAttempt, ...] = ()
         self.span: telemetry.Span = telemetry.NO_SPAN
         self.started_at = 0.0
+        # When the next attempt is due, if the backoff before it parks the run.
+        self.retry_at: datetime | None = None
         if recorded is not None and journal.retry_due(recorded):
             # The last attempt certainly did not happen: carry on with the next.
             try:
                 self.failures = journal.failed_attempts(recorded)
+                failed = journal.AttemptFailed.decode(recorded.error)
             except ValueError as exc:
                 raise unreadable(run_id, recorded, exc) from exc
+            self.retry_at = failed.retry_at if failed is not None else None
             self.attempt = recorded.attempt
             recorded = None
         self.replayed = recorded is not None
@@ -180,6 +197,14 @@ class StepCall:
             self.runtime.check()
         self.span = self.runtime.step_attempt(self.key, self.opts.effect, self.attempt)
         self.started_at = time.monotonic()
+
+    def await_retry(self) -> None:
+        """Park the run until its next attempt is due, if the backoff is a durable one."""
+        if self.retry_at is None:
+            return
+        if self.runtime.now() < self.retry_at:
+            raise Parked([], self.retry_at)
+        self.retry_at = None
 
     def end_attempt(self) -> None:
         """End the attempt's span if nothing else did: the run stopped during it."""
@@ -266,13 +291,20 @@ class StepCall:
         if not once:
             marks.insert(0, journal.Mark("step_started", self.key))
         if not final and self.opts.retry.should_retry(self.attempt, exc):
+            delay = self.opts.retry.delay(self.attempt)
+            # A long backoff is a durable timer: the run parks and frees its
+            # worker, and the instant of the next attempt is journaled.
+            if delay > self.opts.retry.park_after:
+                self.retry_at = self.runtime.now() + timedelta(seconds=delay)
             # Record that this attempt did not happen (so that a stop or a lost
             # lease during the pause is not mistaken for an ambiguity) and why.
-            attempt = journal.AttemptFailed(type(exc).__name__, str(exc), self.failures)
+            attempt = journal.AttemptFailed(
+                type(exc).__name__, str(exc), self.failures, self.retry_at
+            )
             retry = self._entry("started", error=attempt.encode(), attempt=self.attempt)
             self.runtime.finish_step(retry, marks)
             self.span.end("retrying", exc)
-            return self.opts.retry.delay(self.attempt)
+            return delay
         error = journal.StepError(type(exc).__name__, str(exc), attempts=self.failures)
         entry = self._entry("error", error=error.encode(), attempt=self.attempt)
         self.runtime.finish_step(entry, marks)
@@ -329,6 +361,7 @@ def run(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     if call.replayed:
         return call.value
     with call.abandoned_on_cancel():
+        call.await_retry()
         while True:
             call.before()
             try:
@@ -341,6 +374,7 @@ def run(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
                     return call.succeeded(value)
             finally:
                 call.end_attempt()
+            call.await_retry()
             call.runtime.pause(delay)
 
 
@@ -349,6 +383,7 @@ async def arun(call: StepCall, fn: Callable[..., Awaitable[Any]], args: Any, kwa
     if call.replayed:
         return call.value
     with call.abandoned_on_cancel():
+        call.await_retry()
         while True:
             call.before()
             try:
@@ -361,6 +396,7 @@ async def arun(call: StepCall, fn: Callable[..., Awaitable[Any]], args: Any, kwa
                     return call.succeeded(value)
             finally:
                 call.end_attempt()
+            call.await_retry()
             await asyncio.sleep(delay)
             call.runtime.check()
 

@@ -90,7 +90,11 @@ def _effects_so_far(step: str) -> int:
         return 0
 
 
-@app.step(effect="once", retry=perdure.Retry(max_attempts=3, initial_delay=30, jitter=False))
+# park_after above the delay: the pause is spent inside the execution.
+@app.step(
+    effect="once",
+    retry=perdure.Retry(max_attempts=3, initial_delay=30, jitter=False, park_after=60),
+)
 def refusing_charge(n: int) -> str:
     """Refuse (certainly without effect) the first time, across processes; then charge."""
     earlier = _effects_so_far("refusing_charge")
@@ -104,6 +108,25 @@ def refusing_charge(n: int) -> str:
 def refused_once(ctx: perdure.Context, n: int) -> list[str]:
     """A once step whose first attempt is refused (a long retry delay follows), then confirm."""
     return [refusing_charge(n), confirm(n)]
+
+
+@app.step(
+    effect="once",
+    retry=perdure.Retry(max_attempts=3, initial_delay=2, jitter=False, park_after=0.5),
+)
+def parking_charge(n: int) -> str:
+    """Refuse the first time, across processes; the 2 s backoff parks the run."""
+    earlier = _effects_so_far("parking_charge")
+    effect("parking_charge")
+    if earlier == 0:
+        raise perdure.EffectFailed("the gateway refused before charging")
+    return f"parking_charge:{n}"
+
+
+@app.workflow(version="1")
+def parked_retry(ctx: perdure.Context, n: int) -> list[str]:
+    """A once step whose refused first attempt parks the run for its backoff, then confirm."""
+    return [parking_charge(n), confirm(n)]
 
 
 @app.step(effect="once")

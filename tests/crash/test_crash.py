@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,38 @@ def test_a_worker_killed_in_a_once_steps_retry_delay_retries_it(
         ("refusing_charge", "ok", 2),
         ("confirm", "ok", 1),
     ]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_a_backoff_parks_the_run_retries_it_when_due(
+    store: port.Store, workers: Any, crash_env: dict[str, str]
+) -> None:
+    client = Client(store, "crash")
+    run_id = client.start("parked_retry", "1", [5]).run_id
+    proc = workers.start("crashing")
+
+    def parked() -> bool:
+        run = store.get_run(run_id)
+        return run is not None and run.state == "waiting"
+
+    # The refused attempt is journaled with the instant of the next one, and
+    # the run rests on a timer; kill the worker that parked it.
+    wait_for(parked, "the run to park for its backoff", DEATH_LIMIT)
+    proc.kill()
+    assert proc.wait(timeout=DEATH_LIMIT) == -9
+    [refusal] = store.journal(run_id)
+    body = codec.decode(refusal.error or "{}")
+    assert (refusal.status, body["code"]) == ("started", "effect_failed")
+    due = datetime.fromisoformat(body["retry_at"])
+    assert effects(crash_env) == ["parking_charge"]
+
+    run = recover(workers, store, run_id)
+    assert run.state == "succeeded", (run.error, workers.log("recovering"))
+    assert effects(crash_env) == ["parking_charge", "parking_charge", "confirm"]
+    # The second attempt was not made before its journaled instant.
+    starts = [
+        r.at
+        for r in client.history(run_id)
+        if r.kind == "effect_started" and r.step == "parking_charge"
+    ]
+    assert len(starts) == 2 and starts[0] < due <= starts[1]

@@ -111,7 +111,7 @@ def test_a_failure_is_stored_before_the_retry_and_survives_a_restart(make_app: A
     calls = {"n": 0}
 
     # The pause before the retry outlasts the first worker, which stops during it.
-    @app.step(retry=perdure.Retry(max_attempts=3, initial_delay=600, jitter=False))
+    @app.step(retry=perdure.Retry(max_attempts=3, initial_delay=600, jitter=False, park_after=900))
     def charge() -> str:
         calls["n"] += 1
         if calls["n"] == 1:

@@ -585,7 +585,7 @@ def _pausing_app(
     calls: Counter[str] = Counter()
     seen: list[str] = []
 
-    @app.step(retry=perdure.Retry(max_attempts=3, initial_delay=30, jitter=False))
+    @app.step(retry=perdure.Retry(max_attempts=3, initial_delay=30, jitter=False, park_after=60))
     def flaky() -> str:
         calls["flaky"] += 1
         raise ConnectionError("try again later")

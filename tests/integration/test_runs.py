@@ -1071,7 +1071,10 @@ def test_stop_during_a_once_steps_retry_delay_after_effect_failed_is_not_ambiguo
     calls: list[int] = []
     refused = threading.Event()
 
-    @app.step(effect="once", retry=perdure.Retry(max_attempts=3, initial_delay=30, jitter=False))
+    @app.step(
+        effect="once",
+        retry=perdure.Retry(max_attempts=3, initial_delay=30, jitter=False, park_after=60),
+    )
     def charge() -> str:
         calls.append(1)
         if len(calls) == 1:
@@ -1201,7 +1204,10 @@ def _refusing_charge_app(
     calls: list[int] = []
     entered = threading.Event()
 
-    @app.step(effect="once", retry=perdure.Retry(max_attempts=3, initial_delay=30, jitter=False))
+    @app.step(
+        effect="once",
+        retry=perdure.Retry(max_attempts=3, initial_delay=30, jitter=False, park_after=60),
+    )
     def charge() -> str:
         calls.append(1)
         entered.set()
