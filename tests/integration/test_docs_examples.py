@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,8 @@ import pytest
 import perdure
 from perdure.testing import Environment
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+EXAMPLES = DOCS / "examples"
 STORE = "sqlite:///tutorial.db"
 LIMIT = 30.0
 
@@ -129,6 +131,26 @@ def load(name: str) -> ModuleType:
     return module
 
 
+# -- the pages show the programs as they are --------------------------------------
+
+PROGRAM = re.compile(r"```python\n# (\w+\.py)\n(.*?)```", re.S)
+
+
+@pytest.mark.parametrize(
+    ("page", "program"),
+    [
+        ("first-workflow.md", "hello.py"),
+        ("crash-and-recover.md", "crash.py"),
+        ("signals.md", "approval.py"),
+        ("children.md", "album.py"),
+        ("effects.md", "payments.py"),
+    ],
+)
+def test_a_tutorial_page_shows_its_program_as_it_is(page: str, program: str) -> None:
+    shown = dict(PROGRAM.findall((DOCS / "tutorial" / page).read_text(encoding="utf-8")))
+    assert shown == {program: (EXAMPLES / program).read_text(encoding="utf-8")}
+
+
 # -- 1. A first workflow ------------------------------------------------------
 
 
@@ -153,8 +175,9 @@ def test_first_workflow(tutorial: Tutorial) -> None:
 
     printed = tutorial.python(
         "from hello import app, greet\n"
+        "\n"
         'handle = app.start(greet, "linus")\n'
-        "print(handle.result(timeout=30))\n"
+        "print(handle.result(timeout=30))  # Hello, Linus! (once the worker has run it)\n"
     )
     assert printed == "Hello, Linus!\n"
     assert tutorial.stop(worker) == 0, tutorial.logs()
@@ -229,6 +252,7 @@ def test_signals(tutorial: Tutorial) -> None:
         "start", "approval:app", "review", "--args", '["q3-report"]', "--key", "q3", "--wait"
     )
     assert '"status": "published"' in out and "approved-by=grace" in out
+    assert tutorial.json(*approve, "--signal-id", "mail-1") == receipt  # after the end too
     shown = tutorial.json("show", run_id, "--journal")
     publishes = [e for e in shown["journal"] if e["name"].startswith("publish")]
     assert [(e["name"], e["attempts"]) for e in publishes] == [("publish", 1)]
@@ -237,9 +261,11 @@ def test_signals(tutorial: Tutorial) -> None:
 
 def test_signals_deadline() -> None:
     approval = load("approval")
-    with Environment(approval.app) as env:
-        handle = env.start(approval.review, "draft")
-        env.advance(timedelta(days=3))
+    app, review = approval.app, approval.review
+    # As the page shows it:
+    with Environment(app) as env:
+        handle = env.start(review, "draft")
+        env.advance(timedelta(days=3))  # wakes the wait at its deadline, at once
         assert handle.result(timeout=0) == {"doc": "draft", "status": "expired"}
         with pytest.raises(perdure.WaitSettled) as late:
             env.app.signal(handle.run_id, "decision", {"approved": True, "by": "late"})
