@@ -24,4 +24,3 @@ def test_every_name_perdure_exports_has_a_reference_entry() -> None:
 
 def test_every_name_perdure_testing_exports_has_a_reference_entry() -> None:
     assert documented("testing.md", "perdure.testing") == set(perdure.testing.__all__)
-
