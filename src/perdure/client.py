@@ -319,7 +319,8 @@ class Client(liveclient.LiveCalls):
                 or a cancel (carries that receipt).
             errors.WaitExpired: the wait it would settle was past its deadline; it is now
                 settled as timed out.
-            errors.RunNotFound, errors.RunFinished.
+            errors.RunNotFound: no run has this id.
+            errors.RunFinished: the run ended without settling a wait on this name.
         """
         signals.target(name)  # a bad name is refused before anything is read
         run = self._run(run_id)
