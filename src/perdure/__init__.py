@@ -48,6 +48,7 @@ from perdure.errors import (
     WorkflowNotFound,
 )
 from perdure.live import RunView
+from perdure.ready import Ready
 from perdure.records import Message, Provenance, Receipt, RunInfo, StepAttempt, Update, Wait
 from perdure.registry import Workflow
 from perdure.worker import Worker
@@ -81,6 +82,7 @@ __all__ = [
     "PerdureError",
     "Provenance",
     "QueryFailed",
+    "Ready",
     "Receipt",
     "ResultTimeout",
     "Retry",

@@ -257,6 +257,7 @@ def check_run(
         workflow=run.workflow,
         runtime=ReplayRuntime(reg, cursor),
         cursor=cursor,
+        asynchronous=wf.is_async,
     )
     try:
         _invoke(wf, ctx, args, kwargs)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from perdure import codec, errors, journal, live, records, replay, signals, steps
+from perdure import codec, errors, journal, live, ready, records, replay, signals, steps
 
 _CURRENT: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "perdure_context", default=None
@@ -101,10 +101,12 @@ class ChildHandle:
     def result(self) -> Any:
         """Pause the parent until the child ends; return its result.
 
+        In an async workflow, ``value = await handle.result()``.
+
         Raises:
             errors.ChildFailed: the child failed or was canceled.
         """
-        return self._ctx._child_result(self.run_id, self._hint)
+        return self._ctx._give(self._ctx._child_result(self.run_id, self._hint))
 
 
 def _as_delta(d: timedelta | float) -> timedelta:
@@ -134,10 +136,18 @@ class Context:
     """The handle a workflow function receives as its first argument."""
 
     def __init__(
-        self, *, run_id: str, workflow: str, runtime: Runtime, cursor: replay.JournalCursor
+        self,
+        *,
+        run_id: str,
+        workflow: str,
+        runtime: Runtime,
+        cursor: replay.JournalCursor,
+        asynchronous: bool = False,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
+        # An async workflow awaits its waits: they return a Ready (see ready.py).
+        self.asynchronous = asynchronous
         self._runtime = runtime
         self._cursor = cursor
         self._consumed: dict[str, int] = {}
@@ -203,8 +213,16 @@ class Context:
 
     # -- sleeping and waiting ---------------------------------------------------
 
-    def sleep(self, duration: timedelta | float) -> None:
-        """Pause the run durably until ``duration`` after this call was first reached."""
+    def _give(self, value: Any) -> Any:
+        """Return ``value`` as this workflow takes it: itself, or a Ready to await."""
+        return ready.Ready(value) if self.asynchronous else value
+
+    def sleep(self, duration: timedelta | float) -> ready.Ready[None]:
+        """Pause the run durably until ``duration`` after this call was first reached.
+
+        ``await ctx.sleep(...)`` in an async workflow; the sync form ignores
+        what it returns.
+        """
         delta = _as_delta(duration)
         key = self._cursor.step_key("sleep")
         entry = self._next(replay.Call("sleep", key))
@@ -215,6 +233,7 @@ class Context:
         due: datetime = self._read(entry, _instant)
         if self._runtime.now() < due:
             raise Parked([], due)
+        return ready.Ready(None)
 
     def _open(
         self, kind: str, name: str, timeout: timedelta | float | None
@@ -234,6 +253,8 @@ class Context:
     def wait(self, name: str, timeout: timedelta | float | None = None, *, type: Any = None) -> Any:
         """Pause until the signal ``name`` arrives and return its payload.
 
+        In an async workflow, ``payload = await ctx.wait(name)``.
+
         Raises:
             errors.WaitTimedOut: the timeout won the race.
         """
@@ -251,7 +272,9 @@ class Context:
             done, mark = journal.settled_wait(self._cursor.position, outcome)
             self._runtime.buffer(done, mark)
         if done.status == "ok":
-            return codec.convert(self._read(done, journal.Signaled.decode).payload, type)
+            return self._give(
+                codec.convert(self._read(done, journal.Signaled.decode).payload, type)
+            )
         ended: journal.WaitEnded = self._read(done, journal.WaitEnded.decode)
         if ended.code == "canceled":
             self._runtime.acknowledge_cancel()

@@ -409,7 +409,11 @@ class Execution:
         try:
             self._cursor = replay.JournalCursor(run.run_id, self.claimed.journal)
             self.ctx = context.Context(
-                run_id=run.run_id, workflow=run.workflow, runtime=self, cursor=self._cursor
+                run_id=run.run_id,
+                workflow=run.workflow,
+                runtime=self,
+                cursor=self._cursor,
+                asynchronous=wf.is_async,
             )
             args, kwargs = self._inputs(wf)
         except errors.CorruptState as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -61,19 +62,30 @@ class Wait:
 
 @dataclass(frozen=True)
 class Message:
-    """A channel message as ``ctx.receive`` returns it."""
+    """A channel message as ``ctx.receive`` returns it (``await``-able in async workflows)."""
 
     key: str
     payload: Any
 
+    def __await__(self) -> Generator[Any, None, Message]:
+        return self
+        yield  # never suspends: the message is here
+
 
 @dataclass(frozen=True)
 class Update:
-    """An update as ``ctx.next_update`` returns it: answer it with ``ctx.respond``."""
+    """An update as ``ctx.next_update`` returns it: answer it with ``ctx.respond``.
+
+    ``await``-able, like a :class:`Message`, for async workflows.
+    """
 
     update_id: str
     name: str
     payload: Any
+
+    def __await__(self) -> Generator[Any, None, Update]:
+        return self
+        yield  # never suspends: the update is here
 
 
 @dataclass(frozen=True)

@@ -94,3 +94,16 @@ def refused_calls() -> None:
     app.start(42)  # type: ignore[call-overload]
     app.get(42)  # type: ignore[arg-type]
     app.signal("run", name=3)  # type: ignore[arg-type]
+
+
+@app.workflow()
+async def awaits(ctx: perdure.Context) -> str:
+    """The async forms of waits type-check, and keep the record types."""
+    await ctx.sleep(5)
+    payload = await ctx.wait("go")
+    note = await ctx.receive("notes")
+    assert_type(note, perdure.Message)
+    asked = await ctx.next_update("ask")
+    assert_type(asked, perdure.Update)
+    child = await ctx.start_child(bare, 3).result()
+    return f"{payload}{note.key}{asked.update_id}{child}"

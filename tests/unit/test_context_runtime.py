@@ -356,6 +356,7 @@ def _allowed(module: Any) -> set[str]:
             "errors",
             "journal",
             "live",
+            "ready",
             "records",
             "replay",
             "signals",

@@ -32,6 +32,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.telemetry",
             "perdure.logs",
             "perdure.endings",
+            "perdure.ready",
         }
     },
     {
