@@ -446,8 +446,9 @@ class App:
                 f"query {name!r} of run {run_id} raised {type(exc).__name__}: {exc}"
             ) from exc
 
-    aupdate = client_api.athread(update)
-    aquery = client_api.athread(query)
+    # An update waits for the run's answer; a query runs the workflow's own code.
+    aupdate = client_api.blocking_twin(update)
+    aquery = client_api.blocking_twin(query)
     events = _ClientCall(client_api.Client.events)
     get_event = _ClientCall(client_api.Client.get_event)
     read_stream = _ClientCall(client_api.Client.read_stream)

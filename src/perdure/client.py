@@ -42,7 +42,28 @@ POLL_MAX = 0.02
 
 
 def athread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """Derive the async twin of a blocking call: the same call, off the event loop."""
+    """Derive the async twin of a call on a store: the same call, without blocking the loop.
+
+    The first argument is the object the call is a method of (a Client or an
+    App), whose ``store`` decides how: a store that runs calls on the event
+    loop (``call_async``: PostgreSQL, on psycopg's async connections) runs it
+    there; any other runs it on a thread.
+    """
+
+    @functools.wraps(fn)
+    async def twin(*args: P.args, **kwargs: P.kwargs) -> R:
+        store = getattr(args[0], "store", None) if args else None
+        native: Callable[..., Awaitable[R]] | None = getattr(store, "call_async", None)
+        if native is not None:
+            return await native(fn, *args, **kwargs)
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    twin.__doc__ = f"Async form of ``{fn.__name__}``."
+    return twin
+
+
+def blocking_twin(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+    """Derive the async twin of a call that waits on other threads: it runs on a thread."""
 
     @functools.wraps(fn)
     async def twin(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -125,7 +146,8 @@ class RunHandle(Generic[R]):
 
     async def aresult(self, timeout: float | None = None) -> R:
         """Async form of ``result``."""
-        return await asyncio.to_thread(self.result, timeout)
+        result: R = await self._client.aresult(self.run_id, timeout=timeout, hint=self._hint)
+        return result
 
 
 class Client(liveclient.LiveCalls):
@@ -250,6 +272,22 @@ class Client(liveclient.LiveCalls):
                 ended.wait(left)
                 ended.clear()
                 pause = min(pause * 1.3, POLL_MAX)
+
+    async def aresult(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
+        """Async form of ``result``: reads with ``aget``, pauses with ``asyncio.sleep``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = POLL_FIRST
+        while True:
+            info = await self.aget(run_id)
+            if info.state == "succeeded":
+                return codec.convert(info.result, hint)
+            if info.done:
+                raise errors.RunFailed(run_id, info.state, info.error)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise errors.ResultTimeout(f"run {run_id} is still {info.state} after {timeout}s")
+            await asyncio.sleep(pause if deadline is None else min(pause, deadline - now))
+            pause = min(pause * 1.3, POLL_MAX)
 
     def children(self, run_id: str) -> dict[str, int]:
         """Return how many child runs of the run are in each state."""
@@ -622,7 +660,6 @@ class Client(liveclient.LiveCalls):
     aattempts = athread(attempts)
     afork = athread(fork)
     aruns = athread(runs)
-    aresult = athread(result)
     achildren = athread(children)
     ahistory = athread(history)
     asignal = athread(signal)
@@ -631,7 +668,8 @@ class Client(liveclient.LiveCalls):
     aresume = athread(resume)
     acancel = athread(cancel)
     aresolve = athread(resolve)
-    aupdate = athread(liveclient.LiveCalls.update)
-    aevents = athread(liveclient.LiveCalls.events)
-    aget_event = athread(liveclient.LiveCalls.get_event)
+    # These wait for announcements on a listener thread.
+    aupdate = blocking_twin(liveclient.LiveCalls.update)
+    aevents = blocking_twin(liveclient.LiveCalls.events)
+    aget_event = blocking_twin(liveclient.LiveCalls.get_event)
     atimers = athread(timers)

@@ -11,6 +11,7 @@ builds the store operations on it.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import logging
@@ -20,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 import psycopg.errors
@@ -30,6 +31,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from perdure import errors
 from perdure.store import sqlfiles
+from perdure.store.postgres import bridge
 
 # The adapter logs under one name, whichever of its modules speaks.
 log = logging.getLogger("perdure.store.postgres")
@@ -146,6 +148,7 @@ class Connections:
             raise errors.StoreUnavailable(
                 f"cannot open connections to the PostgreSQL store {self.url}"
             ) from None
+        self._async_conns = bridge.LoopConnections(self._connect_async, _POOL_MAX)
         _open.add(self)
 
     def _transact(
@@ -155,8 +158,12 @@ class Connections:
 
         A deadlock or serialization failure rolls back everything ``work`` did,
         so it is run again (unless ``retry`` is False). ``single`` work is one
-        statement, atomic by itself: it runs without BEGIN and COMMIT.
+        statement, atomic by itself: it runs without BEGIN and COMMIT. Inside
+        a bridged call (:meth:`call_async`) the transaction runs on the
+        caller's event loop instead of a pooled connection.
         """
+        if bridge.bridged():
+            return bridge.await_(self._atransact(work, retry=retry, single=single))
         attempts = _ATTEMPTS if retry else 1
         for attempt in range(1, attempts + 1):
             try:
@@ -176,20 +183,66 @@ class Connections:
                 raise errors.StoreUnavailable(
                     f"no connection to the PostgreSQL store {self.url} came free in time"
                 ) from exc
-            except psycopg.errors.UndefinedTable as exc:
-                raise errors.StoreError(
-                    f"the PostgreSQL store {self.url} has no perdure schema; run migrate() first"
-                ) from exc
-            except psycopg.OperationalError as exc:
-                # Class 08 (connection) and 57 (shutdown), or no server answer at all.
-                if exc.sqlstate is None or exc.sqlstate[:2] in ("08", "57"):
-                    raise errors.StoreUnavailable(
-                        f"lost the PostgreSQL store {self.url}: {_reason(exc)}"
-                    ) from exc
-                raise errors.StoreError(f"PostgreSQL refused: {_reason(exc)}") from exc
             except psycopg.Error as exc:
-                raise errors.StoreError(f"PostgreSQL refused: {_reason(exc)}") from exc
+                raise self._failure(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _atransact(self, work: Callable[[Cursor], T], *, retry: bool, single: bool) -> T:
+        """:meth:`_transact` on an async connection of the running loop; ``work`` is bridged."""
+        attempts = _ATTEMPTS if retry else 1
+        for attempt in range(1, attempts + 1):
+            if self._closed:
+                raise errors.StoreError(f"the store {self.url} is closed")
+            try:
+                conn = await self._async_conns.acquire()
+                try:
+                    async with contextlib.nullcontext() if single else conn.transaction():
+                        cursor = bridge.Cursor(conn.cursor(row_factory=dict_row))
+                        return await bridge.run(work, cast(Cursor, cursor))
+                finally:
+                    self._async_conns.release(conn)
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+                if attempt == attempts:
+                    raise errors.StoreError(f"PostgreSQL kept aborting: {_reason(exc)}") from exc
+                await asyncio.sleep(random.uniform(0, 0.005 * attempt))
+            except psycopg.Error as exc:
+                raise self._failure(exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def call_async(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` (sync code that calls this store) with its I/O on the running loop.
+
+        Every transaction ``fn`` opens runs on one of psycopg's async
+        connections of the caller's event loop: an async client call
+        occupies no thread. ``fn`` must not block otherwise (no sleeps, no
+        waits on other threads).
+        """
+        return await bridge.run(fn, *args, **kwargs)
+
+    async def _connect_async(self) -> psycopg.AsyncConnection[Any]:
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, **self._kwargs
+            )
+        except psycopg.Error as exc:
+            raise errors.StoreUnavailable(
+                f"cannot connect to the PostgreSQL store {self.url}: {_reason(exc)}"
+            ) from None
+
+    def _failure(self, exc: psycopg.Error) -> errors.StoreError:
+        """Return the store error for a database failure (not a deadlock)."""
+        if isinstance(exc, psycopg.errors.UndefinedTable):
+            return errors.StoreError(
+                f"the PostgreSQL store {self.url} has no perdure schema; run migrate() first"
+            )
+        if isinstance(exc, psycopg.OperationalError):
+            # Class 08 (connection) and 57 (shutdown), or no server answer at all.
+            if exc.sqlstate is None or exc.sqlstate[:2] in ("08", "57"):
+                return errors.StoreUnavailable(
+                    f"lost the PostgreSQL store {self.url}: {_reason(exc)}"
+                )
+            return errors.StoreError(f"PostgreSQL refused: {_reason(exc)}")
+        return errors.StoreError(f"PostgreSQL refused: {_reason(exc)}")
 
     def close(self, timeout: float = 5.0) -> None:
         """Release connections, waiting up to ``timeout`` seconds for the pool's threads.
@@ -201,6 +254,7 @@ class Connections:
         self._closed = True
         _open.discard(self)
         self._pool.close(timeout=timeout)
+        self._async_conns.close()
         # A listener notices _closed within one slice of its wait and lets go.
         with self._listen_lock:
             if self._listen_conn is not None:
