@@ -10,13 +10,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-import perdure
+from perdure import app as app_api
+from perdure import context, effects
 from perdure.testing.chaos import scenario as scenario_api
 from perdure.testing.chaos.scenario import Drive, Scenario, TrialView, effect
 
 # -- steps and a once effect ------------------------------------------------------------
 
-orders = perdure.App(name="chaos_steps")
+orders = app_api.App(name="chaos_steps")
 
 
 def _nonce() -> str:
@@ -34,7 +35,7 @@ def price(order: str) -> int:
     return len(order) * 100
 
 
-@orders.step(effect="once", retry=perdure.Retry(max_attempts=1))
+@orders.step(effect="once", retry=effects.Retry(max_attempts=1))
 def charge(order: str, cents: int) -> str:
     nonce = _nonce()
     effect(f"charge:{nonce}", once=True)
@@ -48,7 +49,7 @@ def confirm(order: str) -> str:
 
 
 @orders.workflow(version="1")
-def checkout(ctx: perdure.Context, order: str) -> list[str]:
+def checkout(ctx: context.Context, order: str) -> list[str]:
     held = reserve(order)
     cents = price(order)
     return [held, charge(order, cents), confirm(order)]
@@ -83,7 +84,7 @@ steps_once = Scenario(
 
 # -- a signal wait ------------------------------------------------------------------------
 
-approvals = perdure.App(name="chaos_signal")
+approvals = app_api.App(name="chaos_signal")
 
 
 @approvals.step()
@@ -93,7 +94,7 @@ def apply_vote(vote: str) -> str:
 
 
 @approvals.workflow(version="1")
-def ballot(ctx: perdure.Context, name: str) -> list[str]:
+def ballot(ctx: context.Context, name: str) -> list[str]:
     first = ctx.wait("vote")
     applied = [apply_vote(str(first))]
     second = ctx.wait("vote")  # "vote#2": a second signal settles it
@@ -127,7 +128,7 @@ signal_wait = Scenario(
 
 # -- children -------------------------------------------------------------------------------
 
-family = perdure.App(name="chaos_children")
+family = app_api.App(name="chaos_children")
 
 
 @family.step()
@@ -137,12 +138,12 @@ def work(n: int) -> str:
 
 
 @family.workflow(version="1")
-def child(ctx: perdure.Context, n: int) -> str:
+def child(ctx: context.Context, n: int) -> str:
     return work(n)
 
 
 @family.workflow(version="1")
-def parent(ctx: perdure.Context) -> list[str]:
+def parent(ctx: context.Context) -> list[str]:
     first = ctx.start_child(child, 1)
     second = ctx.start_child(child, 2)
     return [first.result(), second.result()]
