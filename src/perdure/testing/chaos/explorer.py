@@ -21,7 +21,7 @@ from typing import Any
 from perdure.testing.chaos import scenario as scenario_api
 from perdure.testing.chaos import trial
 
-SHORT_SITES = 8
+SHORT_SITES = 12
 """Sites per scenario and mode in the short form; more are sampled down to this."""
 
 
@@ -37,6 +37,8 @@ class Row:
     violations: int = 0
     unreached: int = 0
     seconds: float = 0.0
+    ends: dict[str, int] = field(default_factory=dict)
+    """How the runs the drive started ended after the recovery, summed over trials."""
     details: list[str] = field(default_factory=list)
 
     @property
@@ -76,14 +78,15 @@ class Report:
         """Return the report as a Markdown table, with the details of every violation."""
         lines = [
             "| scenario | mode | writes (N) | sites tried | trials | violations | unreached "
-            "| time |",
-            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+            "| runs ended | time |",
+            "| --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: |",
         ]
         for r in self.rows:
             tried = f"{len(r.sites)} of {r.writes}" + (" (sampled)" if r.sampled else " (all)")
+            ended = ", ".join(f"{state} {n}" for state, n in sorted(r.ends.items()))
             lines.append(
                 f"| {r.scenario} | {r.mode} | {r.writes} | {tried} | {r.trials} | "
-                f"{r.violations} | {r.unreached} | {r.seconds:.1f}s |"
+                f"{r.violations} | {r.unreached} | {ended} | {r.seconds:.1f}s |"
             )
         trials = sum(r.trials for r in self.rows)
         lines.append(
@@ -192,6 +195,8 @@ def _explore_one(
             folder = work / scenario.name / str(site)
             found = _trial(scenario, stores, folder, site, timeout)
             row.trials += 1
+            for state, count in found.ends.items():
+                row.ends[state] = row.ends.get(state, 0) + count
             if not found.reached:
                 row.unreached += 1
             if found.violations:

@@ -19,6 +19,7 @@ import os
 import shutil
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -62,6 +63,8 @@ class Outcome:
     writes: list[str]
     reached: bool
     folder: str
+    ends: dict[str, int]
+    """How the runs the drive started ended, by state."""
 
 
 # -- stores -------------------------------------------------------------------------
@@ -198,7 +201,8 @@ def run(
     elif recovered != 0 or "violations" not in found:
         violations.append(f"the recovery process failed (exit status {recovered})")
     violations.extend(found.get("violations", []))
-    return Outcome(site, violations, writes, bool(reached), str(folder))
+    ends = {str(k): int(v) for k, v in found.get("ends", {}).items()}
+    return Outcome(site, violations, writes, bool(reached), str(folder), ends)
 
 
 @dataclass(frozen=True)
@@ -321,5 +325,6 @@ def _recover(scenario: scenario_api.Scenario, url: str, site: Site | None, paths
     trouble.extend(checks.invariants(view))
     if scenario.check is not None:
         trouble.extend(scenario.check(view))
-    _write(paths.recovered, {"violations": trouble})
+    ends = Counter(r.state for r in view.roots())
+    _write(paths.recovered, {"violations": trouble, "ends": dict(ends)})
     return 0
