@@ -5,8 +5,8 @@ purpose; the exploring process only creates and drops databases and reads the
 small JSON files the children leave. A child process ends with ``os._exit``,
 so nothing it inherited (a connection, a thread) is closed or flushed twice.
 
-Time is a fake clock: the crashed process reads a fixed instant, the
-recovering one a day later, so every lease the crashed process held has
+Time is a fake clock that ticks at each reading: the crashed process starts
+at a fixed instant, the recovering one a day later, so every lease the crashed process held has
 lapsed (``scenario.LEASE_TTL`` is ten minutes) without anyone waiting.
 """
 
@@ -243,7 +243,7 @@ def _write(path: Path, value: dict[str, Any]) -> None:
 def _open(url: str, start: datetime, paths: _Paths, phase: str) -> faults.FaultyStore:
     os.environ[scenario_api.EVENTS_ENV] = paths.events
     os.environ[scenario_api.PHASE_ENV] = phase
-    store = faults.FaultyStore(open_store(url, clock=FakeClock(start), migrate=False))
+    store = faults.FaultyStore(open_store(url, clock=_Ticking(start), migrate=False))
 
     def recorded(_result: Any, claim: port.Claim, entries: Any, *args: Any, **kw: Any) -> None:
         for entry in entries:
@@ -257,6 +257,18 @@ def _open(url: str, start: datetime, paths: _Paths, phase: str) -> faults.Faulty
         store.after(operation, recorded, times=None)
     store.after("transaction_step", transacted, times=None)
     return store
+
+
+class _Ticking(FakeClock):
+    """A fake clock that moves a millisecond at every reading.
+
+    Runs created in one trial then never share an instant, so a store that
+    orders claims by time offers them in the same order in every trial (a
+    pinned clock leaves PostgreSQL to break the ties as it likes).
+    """
+
+    def now(self) -> datetime:
+        return self.advance(0.001)
 
 
 def _note_recorded(paths: _Paths, phase: str, run_id: str, name: str) -> None:
