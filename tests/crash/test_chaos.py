@@ -182,3 +182,17 @@ def test_a_run_that_does_not_rest_or_needs_attention_for_no_effect_is_a_violatio
         "run b (wf) needs attention: poison_run: 8 attempts",
         "run c needs attention for charge, with no effect start journaled",
     ]
+
+
+def test_a_scenario_that_fails_without_any_crash_is_one_violation_and_not_explored(
+    sqlite_url: str,
+) -> None:
+    def always_wrong(view: chaos.TrialView) -> list[str]:
+        return [f"{len(view.roots())} run, and that is wrong"]
+
+    wrong = chaos.Scenario("wrong", scenarios.orders, scenarios._drive_checkout, always_wrong)
+    report = chaos.explore([wrong], sqlite_url)
+    [row] = report.rows
+    assert (row.mode, row.trials, row.violations) == ("no crash", 1, 1)
+    assert row.details == ["without any crash: 1 run, and that is wrong"]
+    assert row.ends == {"succeeded": 1}
