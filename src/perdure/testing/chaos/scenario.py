@@ -31,7 +31,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from perdure import app as app_api
@@ -168,7 +168,6 @@ class Scenario:
     check: Check | None = None
     description: str = ""
     max_executions: int = 200
-    tags: tuple[str, ...] = field(default=())
 
 
 class Drive:
