@@ -378,7 +378,18 @@ class Execution:
         try:
             validation.run(run, max_failures=self.host.registry.max_failures)
             validation.journal(run.run_id, self.claimed.journal)
-            validation.outcomes(run.run_id, self.claimed.outcomes, self.claimed.journal)
+            # Only the store can vouch for a child the journal lost to a crash.
+            unjournaled = [
+                child_id
+                for child_id in validation.unjournaled_children(
+                    self.claimed.outcomes, self.claimed.journal
+                )
+                if (child := self.store.get_run(child_id)) is not None
+                and child.parent_id == run.run_id
+            ]
+            validation.outcomes(
+                run.run_id, self.claimed.outcomes, self.claimed.journal, unjournaled
+            )
         except errors.CorruptState as exc:
             self.log.error("%s", exc)
             self._finish(

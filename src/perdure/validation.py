@@ -8,7 +8,7 @@ invariant; nothing is repaired by guessing. The invariants are listed in
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import get_args
 
 from perdure import errors, live
@@ -114,10 +114,19 @@ def _attempts(run_id: str, entry: port.JournalEntry) -> None:
 
 
 def outcomes(
-    run_id: str, found: Sequence[port.Outcome], entries: Sequence[port.JournalEntry]
+    run_id: str,
+    found: Sequence[port.Outcome],
+    entries: Sequence[port.JournalEntry],
+    unjournaled: Collection[str] = (),
 ) -> None:
-    """Check that each outcome belongs to this run and to a wait it can have."""
-    children = {_child_id(e) for e in entries if e.kind == "child"}
+    """Check that each outcome belongs to this run and to a wait it can have.
+
+    ``unjournaled`` are ids of runs the store holds as this run's children
+    although its journal does not name them: an attempt created them and died
+    before its next journal write, and a child may end before the replay
+    journals it again (the replay finds it by its key).
+    """
+    children = {_child_id(e) for e in entries if e.kind == "child"} | set(unjournaled)
     for outcome in found:
         if outcome.run_id != run_id:
             raise _fail(run_id, "outcome_run", f"outcome {outcome.name!r} is for another run")
@@ -133,6 +142,15 @@ def outcomes(
         elif not outcome.name or "/" in outcome.name:
             raise _fail(run_id, "outcome_unknown_wait", f"outcome name {outcome.name!r}")
         _json(run_id, "outcome_payload_json", outcome.payload)
+
+
+def unjournaled_children(
+    found: Sequence[port.Outcome], entries: Sequence[port.JournalEntry]
+) -> list[str]:
+    """Return the child ids that outcomes name and the journal does not."""
+    children = {_child_id(e) for e in entries if e.kind == "child"}
+    named = (o.name[len("child:") :] for o in found if o.name.startswith("child:"))
+    return [child for child in named if child not in children]
 
 
 def _child_id(entry: port.JournalEntry) -> str:

@@ -72,3 +72,43 @@ def test_a_park_that_fails_releases_the_run_instead_of_leaving_it_running() -> N
         kinds = [h.kind for h in app.history(handle.run_id)]
         assert kinds.count("released") == 1
         assert "recovered" not in kinds
+
+
+def test_writes_are_counted_in_order_and_a_site_fires_at_the_kth() -> None:
+    with faults.temporary_store() as inner:
+        store = faults.FaultyStore(inner)
+        fired: list[tuple[str, str, int]] = []
+        store.at_write(2, "before", lambda op: fired.append(("before", op, len(store.writes))))
+        store.at_write(2, "after", lambda op: fired.append(("after", op, len(store.writes))))
+        app = perdure.App(store, name="counted")
+
+        @app.workflow()
+        def wf(ctx: perdure.Context) -> int:
+            return 1
+
+        app.start(wf, key="k")
+        app.start(wf, key="k")  # a repeated start is a write too: it may create the run
+        store.get_run("nothing")  # a read is not
+        assert store.writes == ["create_run", "create_run"]
+        assert fired == [("before", "create_run", 2), ("after", "create_run", 2)]
+        assert all(name in faults.WRITES for name in ("claim", "park", "finish", "settle_wait"))
+        with pytest.raises(ValueError, match="write site"):
+            store.at_write(0, "before", lambda op: None)
+
+
+def test_an_error_raised_after_a_write_reaches_the_caller_once_it_committed() -> None:
+    with faults.temporary_store() as inner:
+        store = faults.FaultyStore(inner)
+        app = perdure.App(store, name="committed")
+
+        @app.workflow()
+        def wf(ctx: perdure.Context) -> int:
+            return 1
+
+        def fail(op: str) -> None:
+            raise perdure.StoreUnavailable(f"after {op}")
+
+        store.at_write(1, "after", fail)
+        with pytest.raises(perdure.StoreUnavailable, match="after create_run"):
+            app.start(wf, key="k")
+        assert len(app.runs()) == 1  # the run exists although its caller saw an error

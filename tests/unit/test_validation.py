@@ -140,6 +140,14 @@ def test_sound_outcomes_pass() -> None:
     child = entry(1, kind="child", name="ship", output='{"run_id":"c9"}')
     validation.outcomes("r1", [outcome("approval"), outcome("child:c9")], [child])
     validation.outcomes("r1", [outcome("late", payload=None, outcome="timed_out")], [])
+    # A child created by an attempt that died before journaling it, vouched for by the store.
+    validation.outcomes("r1", [outcome("child:c9")], [], ["c9"])
+
+
+def test_unjournaled_children_are_those_outcomes_name_and_the_journal_does_not() -> None:
+    child = entry(1, kind="child", name="ship", output='{"run_id":"c9"}')
+    found = [outcome("child:c9"), outcome("child:c10"), outcome("approval")]
+    assert validation.unjournaled_children(found, [child]) == ["c10"]
 
 
 @pytest.mark.parametrize(

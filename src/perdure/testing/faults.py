@@ -13,6 +13,12 @@ real adapter's guarantees and only the injected moment differs::
 A rule fires on the named operation's next calls (``times`` of them, or every
 call with ``times=None``); ``before`` hooks run before the real operation,
 ``after`` hooks receive its result, and ``fail`` raises instead of calling it.
+
+Writes are counted too: every call of a mutating operation (:data:`WRITES`)
+gets the next number from 1, in ``store.writes`` (the names, in order), and
+``at_write(k, when, action)`` runs ``action(operation)`` right before the
+``k``-th write or right after it committed, whatever the operation is. The
+crash-point explorer (``perdure.testing.chaos``) crashes a process there.
 """
 
 from __future__ import annotations
@@ -25,7 +31,39 @@ from typing import Any
 from perdure.store import port
 from perdure.testing.environment import temporary_store
 
-__all__ = ["FaultyStore", "temporary_store"]  # temporary_store: kept here for compatibility
+__all__ = ["WRITES", "FaultyStore", "temporary_store"]  # temporary_store: kept for compatibility
+
+WRITES: frozenset[str] = frozenset(
+    {
+        # port.Store
+        "create_run",
+        "create_children",
+        "claim",
+        "renew",
+        "release",
+        "begin_effect",
+        "finish_step",
+        "transaction_step",
+        "park",
+        "finish",
+        "settle_wait",
+        "wake",
+        "send",
+        "request_cancel",
+        "resolve",
+        "sweep",
+        # the live-run, token and retention sections of the port
+        "deliver_update",
+        "answer_update",
+        "record_live",
+        "create_token",
+        "revoke_token",
+        "prune",
+    }
+)
+"""The store operations that may change what is stored (``migrate`` aside)."""
+
+WriteAction = Callable[[str], None]
 
 
 @dataclass
@@ -42,6 +80,8 @@ class FaultyStore:
         self.inner = inner
         self.url = inner.url
         self.calls: dict[str, int] = {}
+        self.writes: list[str] = []
+        self._sites: dict[tuple[int, str], WriteAction] = {}
         self._rules: dict[str, list[_Rule]] = {}
         self._lock = threading.Lock()
 
@@ -56,6 +96,18 @@ class FaultyStore:
     def after(self, operation: str, hook: Callable[..., None], *, times: int | None = 1) -> None:
         """Call ``hook(result, *args, **kwargs)`` after ``operation`` returned."""
         self._add(operation, _Rule("after", hook, times))
+
+    def at_write(self, k: int, when: str, action: WriteAction) -> None:
+        """Call ``action(operation)`` right ``before`` the ``k``-th write or right ``after`` it.
+
+        ``after`` runs once the write has returned (committed) and its
+        ``after`` hooks ran; an exception that ``action`` raises reaches the
+        caller in place of the result.
+        """
+        if k < 1 or when not in ("before", "after"):
+            raise ValueError(f"a write site is k >= 1 and before|after, got {k} {when!r}")
+        with self._lock:
+            self._sites[(k, when)] = action
 
     def clear(self) -> None:
         """Drop every rule that has not fired yet."""
@@ -88,8 +140,15 @@ class FaultyStore:
             return target
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            before = after = None
             with self._lock:
                 self.calls[name] = self.calls.get(name, 0) + 1
+                if name in WRITES:
+                    self.writes.append(name)
+                    k = len(self.writes)
+                    before, after = self._sites.get((k, "before")), self._sites.get((k, "after"))
+            if before is not None:
+                before(name)
             for rule in self._take(name, "before"):
                 rule.action(*args, **kwargs)
             for rule in self._take(name, "fail"):
@@ -97,6 +156,8 @@ class FaultyStore:
             result = target(*args, **kwargs)
             for rule in self._take(name, "after"):
                 rule.action(result, *args, **kwargs)
+            if after is not None:
+                after(name)
             return result
 
         return call
