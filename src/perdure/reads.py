@@ -112,9 +112,7 @@ class Reads:
         """
         now = self.client.store.now()
         since = None if not created_after else parse_instant("created_after", created_after, now)
-        until = (
-            None if not created_before else parse_instant("created_before", created_before, now)
-        )
+        until = None if not created_before else parse_instant("created_before", created_before, now)
         if state is not None and state not in port.RUN_STATES:
             raise errors.InvalidInput(
                 f"unknown state {state!r}; one of {', '.join(port.RUN_STATES)}"
