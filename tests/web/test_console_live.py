@@ -9,7 +9,7 @@ import pytest
 from shop import World, start_family
 
 from perdure import errors, reads
-from perdure.web import api
+from perdure.web import api, pages
 from perdure.web import app as web_app
 
 
@@ -353,3 +353,40 @@ def test_parse_instant_forms() -> None:
     for bad in ("", "1y", "-1h", "now", "x" * 50):
         with pytest.raises(errors.InvalidInput):
             reads.parse_instant("t", bad, now)
+
+
+def test_the_update_form_sends_an_update_and_shows_the_answer(
+    world: World, family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pages, "UPDATE_WAIT", 0.2)
+    http = world.client()
+    answer = http.post("/login", data={"token": world.token("operate")}, follow_redirects=False)
+    assert answer.status_code == 303
+    page = http.get(f"/runs/{family}").text
+    assert re.search(r'actions/update".*?name="name" required value="add_item"', page, re.S)
+    csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert csrf
+    form = {"csrf": csrf.group(1), "name": "add_item", "payload": '{"qty": 4}', "update_id": "f-1"}
+    done = http.post(f"/runs/{family}/actions/update", data=form)
+    assert done.status_code == 200 and "&#34;count&#34;: 1" in done.text
+    assert 'data-answer="ok"' in done.text
+    rejected = http.post(
+        f"/runs/{family}/actions/update", data={**form, "payload": '{"qty": 0}', "update_id": "f-2"}
+    )
+    assert rejected.status_code == 400 and "update_rejected" in rejected.text
+    late = http.post(
+        f"/runs/{family}/actions/update",
+        data={**form, "name": "other", "update_id": "f-3"},
+    )
+    # Nobody consumes "other": the page names the update id to send again.
+    assert late.status_code == 504 and "update_timeout" in late.text and "f-3" in late.text
+    read_only = world.client()
+    read_only.post("/login", data={"token": world.token("read")})
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', read_only.get(f"/runs/{family}").text)
+    assert token
+    refused = read_only.post(
+        f"/runs/{family}/actions/update", data={**form, "csrf": token.group(1), "update_id": "f-4"}
+    )
+    assert refused.status_code == 403
+    stored = world.app.client.store.list_updates(family)  # type: ignore[attr-defined]
+    assert sorted(u.update_id for u in stored) == ["f-1", "f-3"]

@@ -10,6 +10,7 @@ the engine's answer: a receipt, or a refusal with its code.
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -35,7 +36,10 @@ _env.filters["pretty"] = lambda value: json.dumps(api.jsonable(value), indent=2,
 _env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 LIVE = frozenset({"queued", "running", "waiting"})
-ACTIONS = ("signal", "send", "cancel", "resume", "resolve", "fork")
+ACTIONS = ("signal", "send", "update", "cancel", "resume", "resolve", "fork")
+
+UPDATE_WAIT = 10.0
+"""How long the update form waits for the run's answer before it shows the update id."""
 
 
 def _render(
@@ -147,6 +151,16 @@ def _act(console: Console, caller: Caller, run_id: str, action: str, form: Any) 
             _parse_json(field("payload"), "payload"),
         )
         return {"stored": stored}
+    if action == "update":
+        name, update_id = field("name").strip(), field("update_id").strip() or uuid.uuid4().hex
+        payload = _parse_json(field("payload"), "payload")
+        send = console.app.update if console.app is not None else client.update
+        try:
+            response = send(run_id, name, payload, update_id, UPDATE_WAIT)
+        except errors.UpdateTimedOut as exc:
+            exc.update_id = update_id  # type: ignore[attr-defined]
+            raise
+        return {"update_id": update_id, "response": response}
     if action == "cancel":
         took = client.cancel(run_id)
         if not took:
