@@ -210,7 +210,10 @@ def test_the_openapi_document_has_the_live_calls(world: World) -> None:
 # -- the run page ----------------------------------------------------------------------
 
 
-def test_run_page_shows_the_tree_events_streams_and_updates(world: World, family: str) -> None:
+def test_run_page_shows_the_tree_events_streams_and_updates(
+    any_world: World, any_family: str
+) -> None:
+    world, family = any_world, any_family
     http, head = world.client(), _bearer(world.token("read"))
     page = http.get(f"/runs/{family}", headers=head).text
     batch = world.app.client.store.page_children(family, limit=10)[-1]  # type: ignore[attr-defined]
