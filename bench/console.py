@@ -4,7 +4,7 @@ Builds W7's store (1,000,000 succeeded and 100,000 waiting runs, bulk SQL
 straight into the tables; ``--scale`` shrinks it), then times the API's first
 page, 50 runs, as an HTTP client sees it through Starlette's test client
 (token check included), with each filter the console offers, and a page deep
-in the listing. Needs perdure's ``web`` extra, so it runs in the project's
+in the listing, and with a time window (runs span 30 days). Needs perdure's ``web`` extra, so it runs in the project's
 ``.venv`` rather than ``bench/.venv``::
 
     .venv/bin/python bench/console.py [--stores sqlite,postgres] [--scale 1] [--requests 200]
@@ -68,6 +68,11 @@ def measure(kind: str, scale: float, count: int) -> dict[str, Any]:
                 "state=succeeded": "/api/v1/runs?state=succeeded",
                 "workflow=waiter": "/api/v1/runs?workflow=waiter",
                 "state=failed (none)": "/api/v1/runs?state=failed",
+                "created_after=1d": "/api/v1/runs?created_after=1d",
+                "waiting, 14d..7d ago": "/api/v1/runs?state=waiting&created_after=14d"
+                "&created_before=7d",
+                "waiter, before 20d ago": "/api/v1/runs?workflow=waiter&created_before=20d",
+                "failed, after 1h (none)": "/api/v1/runs?state=failed&created_after=1h",
                 "page 201": deep,
             }
             return {

@@ -20,7 +20,7 @@ pytest.importorskip("jinja2")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from shop import World, build_world
+from shop import World, build_world, start_family
 
 
 @pytest.fixture
@@ -32,3 +32,14 @@ def world(sqlite_url: str) -> Iterator[World]:
 def any_world(store_url: str) -> Iterator[World]:
     """The same world on each store (SQLite and PostgreSQL)."""
     yield from build_world(store_url)
+
+
+@pytest.fixture
+def family(world: World) -> str:
+    """A run with children (and grandchildren), events, a stream, waiting for updates."""
+    return start_family(world.app)
+
+
+@pytest.fixture
+def any_family(any_world: World) -> str:
+    return start_family(any_world.app)

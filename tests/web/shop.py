@@ -51,7 +51,64 @@ def build(url: str, name: str = "shop") -> perdure.App:
     def hostile(ctx: perdure.Context, note: str) -> str:
         return note
 
+    @app.workflow(version="1")
+    def parcel(ctx: perdure.Context, n: int) -> int:
+        return n
+
+    @app.workflow(version="1")
+    def batch(ctx: perdure.Context, size: int) -> int:
+        return sum(h.result() for h in ctx.map(parcel, range(size)))
+
+    @app.workflow(version="1")
+    def family(ctx: perdure.Context, order_id: str, parcels: int = 3) -> dict[str, Any]:
+        ctx.set_event("status", "<script>open</script>")
+        ctx.map(parcel, range(parcels))
+        ctx.start_child(batch, 12, key="batch")
+        for i in range(3):
+            ctx.write_stream("progress", {"packed": i})
+        items: list[Any] = []
+        while len(items) < 2:
+            upd = ctx.next_update("add_item", timeout=timedelta(hours=1))
+            items.append(upd.payload)
+            ctx.respond(upd, {"count": len(items)})
+            ctx.set_event("count", len(items))
+        ctx.close_stream("progress")
+        return {"items": items}
+
+    @family.validator("add_item")
+    def check_item(payload: Any) -> None:
+        if not isinstance(payload, dict) or payload.get("qty", 0) <= 0:
+            raise ValueError("qty must be positive")
+
+    @family.query("item_count")
+    def item_count(view: perdure.RunView) -> int:
+        return len(view.updates("add_item"))
+
+    @family.query("broken")
+    def broken(view: perdure.RunView) -> int:
+        raise KeyError("no such thing")
+
     return app
+
+
+def start_family(app: perdure.App, parcels: int = 3, timeout: float = 30.0) -> str:
+    """Start a ``family`` run and wait until it and its descendants rest (it waits for updates)."""
+    run_id = app.start("family", "o-fam", parcels=parcels).run_id
+    deadline = time.monotonic() + timeout
+    while True:
+        tree = [run_id]
+        i = 0
+        while i < len(tree):
+            tree += [c.run_id for c in app.client.store.page_children(tree[i], limit=500)]  # type: ignore[attr-defined]
+            i += 1
+        states = [app.get(r).state for r in tree]
+        if len(tree) == 1 + parcels + 1 + 12 and all(
+            s not in ("queued", "running") for s in states
+        ):
+            return run_id
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the family did not settle: {states}")
+        time.sleep(0.05)
 
 
 def settle(app: perdure.App, run_ids: list[str], timeout: float = 20.0) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from shop import World
+from shop import World, start_family
 
 from perdure.web import app as web_app
 
@@ -151,6 +151,34 @@ def test_signal_a_waiting_run(world: World, console: tuple[Served, Page]) -> Non
     assert world.app.get(world.waiting).result == {"approved": {"by": "<b>ops</b>"}}
 
 
+def test_a_run_with_children_and_an_event(
+    world: World, family: str, console: tuple[Served, Page]
+) -> None:
+    served, page = console
+    page.goto(f"{served.url}/runs/{family}")
+    tree = page.locator("#children ul.tree").first
+    top = tree.locator(":scope > li")
+    assert top.count() == 4
+    assert [top.nth(i).locator(".wf").first.inner_text() for i in range(4)] == [
+        "parcel",
+        "parcel",
+        "parcel",
+        "batch",
+    ]
+    batch = top.nth(3)
+    assert batch.locator("ul.tree > li").count() == 10
+    assert batch.locator("a.more").inner_text().startswith("and 2 more")
+    status = page.locator("[data-event=status]")
+    # The event's value is shown as text, not run as a script.
+    assert "<script>open</script>" in status.inner_text()
+    assert page.evaluate("typeof window.open === 'function'")
+    assert page.locator("[data-stream=progress] tr").count() == 3
+    batch_id = batch.get_attribute("data-run")
+    batch.locator("a.more").click()
+    page.wait_for_url(f"{served.url}/runs/{batch_id}#children")
+    assert page.locator("#children ul.tree > li").count() == 12
+
+
 def test_screenshots_of_the_console(
     world: World, console: tuple[Served, Page], tmp_path: Path
 ) -> None:
@@ -165,6 +193,8 @@ def test_screenshots_of_the_console(
         time.sleep(0.05)
     page.goto(served.url + "/runs")
     page.screenshot(path=str(folder / "console-runs.png"), full_page=True)
-    page.goto(f"{served.url}/runs/{world.failed}")
+    family = start_family(world.app)
+    world.app.update(family, "add_item", {"sku": "A-7", "qty": 1}, update_id="u-1", timeout=20)
+    page.goto(f"{served.url}/runs/{family}")
     page.screenshot(path=str(folder / "console-run.png"), full_page=True)
     assert (folder / "console-runs.png").stat().st_size > 10_000

@@ -95,6 +95,14 @@ class LiveTransitions(transitions.Transitions[C]):
         )
         return None if row is None else self.read.update(row)
 
+    def list_updates(self, run_id: str, limit: int = 50) -> list[liveport.UpdateRecord]:
+        """Return up to ``limit`` of the run's updates, newest first."""
+        params: dict[str, Any] = {"run_id": run_id, "limit": max(0, limit)}
+        found = self._transact(
+            lambda cur: self._exec(cur, "list_updates", **params).fetchall(), single=True
+        )
+        return [self.read.update(r) for r in found]
+
     def answer_update(
         self,
         claim: port.Claim,

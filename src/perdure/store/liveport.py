@@ -110,6 +110,13 @@ class LiveStore(port.Store, Protocol):
         """Return the run's first update named ``name`` with a greater sequence."""
         ...
 
+    def list_updates(self, run_id: str, limit: int = 50) -> list[UpdateRecord]:
+        """Return up to ``limit`` of the run's updates of every name, newest first.
+
+        Pending, answered and abandoned ones alike, also after the run ended.
+        """
+        ...
+
     def answer_update(
         self,
         claim: port.Claim,

@@ -1,9 +1,15 @@
-"""The paging section of the store port: an app's runs page by page, and runs by key.
+"""The paging section of the store port: an app's runs page by page, runs by key, children.
 
 A page is read by keyset, not by offset: each page starts strictly after the
 last run of the previous one in the listing order (newest first: ``created_at``
 then ``run_id``, both descending), so a page costs the same at any depth and a
-run created meanwhile never shifts the pages already handed out.
+run created meanwhile never shifts the pages already handed out. A time
+window (``created_after``, ``created_before``) bounds the same index walk, so
+it costs no more than the page itself.
+
+A run's children are paged the same way, oldest first (the order they were
+started in), on an index of ``(parent_id, created_at, run_id)``: a run with
+ten thousand children shows its first page as fast as one with ten.
 """
 
 from __future__ import annotations
@@ -35,8 +41,26 @@ class PagedStore(Protocol):
         workflow: str | None = None,
         after: After | None = None,
         limit: int = 50,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
     ) -> list[port.Run]:
-        """Return up to ``limit`` of the app's runs, newest first, strictly after ``after``."""
+        """Return up to ``limit`` of the app's runs, newest first, strictly after ``after``.
+
+        ``created_after`` and ``created_before`` (aware instants) keep only
+        runs created strictly after, and strictly before, them.
+
+        Raises:
+            errors.InvalidInput: a naive instant.
+        """
+        ...
+
+    def page_children(
+        self, run_id: str, *, after: After | None = None, limit: int = 50
+    ) -> list[port.Run]:
+        """Return up to ``limit`` of the run's children, oldest first, strictly after ``after``.
+
+        Children only, not grandchildren; an unknown run has none.
+        """
         ...
 
     def run_by_key(self, app: str, key: str) -> port.Run | None:

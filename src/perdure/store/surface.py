@@ -20,6 +20,27 @@ C = TypeVar("C")
 
 # Past every run: the keyset bound of a first page.
 _END = datetime.max.replace(tzinfo=UTC)
+# Before every run: the lower bound of a listing with no time window, and
+# the keyset bound of a first page of children.
+_BEGIN = datetime.min.replace(tzinfo=UTC)
+
+
+def _aware(name: str, when: datetime | None) -> None:
+    if when is not None and (when.tzinfo is None or when.utcoffset() is None):
+        raise errors.InvalidInput(f"{name} must be an aware datetime")
+
+
+def _upper(after: pages.After | None, before: datetime | None) -> tuple[datetime, str]:
+    """Return the keyset bound of a page: the cursor, or the window's end if it comes first.
+
+    ``(before, "")`` sorts before every run created at ``before``, since a run
+    id is never empty: ``(created_at, run_id) < (before, "")`` is
+    ``created_at < before``.
+    """
+    bound = (after.created_at, after.run_id) if after else (_END, "")
+    if before is not None and (before, "") < bound:
+        return before, ""
+    return bound
 
 
 class SurfaceTransitions(transitions.Transitions[C]):
@@ -35,14 +56,20 @@ class SurfaceTransitions(transitions.Transitions[C]):
         workflow: str | None = None,
         after: pages.After | None = None,
         limit: int = 50,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
     ) -> list[port.Run]:
         """Return up to ``limit`` of the app's runs, newest first, strictly after ``after``."""
+        _aware("created_after", created_after)
+        _aware("created_before", created_before)
+        after_at, after_id = _upper(after, created_before)
         params: dict[str, Any] = {
             "app": app,
             "state": state,
             "workflow": workflow,
-            "after_at": after.created_at if after else _END,
-            "after_id": after.run_id if after else "",
+            "after_at": after_at,
+            "after_id": after_id,
+            "since": created_after or _BEGIN,
             "limit": max(0, limit),
         }
         query = (
@@ -53,6 +80,21 @@ class SurfaceTransitions(transitions.Transitions[C]):
             else "page_runs"
         )
         found = self._transact(lambda cur: self._exec(cur, query, **params).fetchall(), single=True)
+        return [self.read.run(r) for r in found]
+
+    def page_children(
+        self, run_id: str, *, after: pages.After | None = None, limit: int = 50
+    ) -> list[port.Run]:
+        """Return up to ``limit`` of the run's children, oldest first, strictly after ``after``."""
+        params: dict[str, Any] = {
+            "run_id": run_id,
+            "after_at": after.created_at if after else _BEGIN,
+            "after_id": after.run_id if after else "",
+            "limit": max(0, limit),
+        }
+        found = self._transact(
+            lambda cur: self._exec(cur, "page_children", **params).fetchall(), single=True
+        )
         return [self.read.run(r) for r in found]
 
     def run_by_key(self, app: str, key: str) -> port.Run | None:

@@ -3,7 +3,7 @@
 Each endpoint is one row of :data:`ENDPOINTS`: method, path, the scope it
 needs, a summary and a handler that calls the client (never the store's SQL).
 The routes and the OpenAPI document are both built from that table, so a new
-call (updates, queries, events, schedules, tasks) is one more row.
+call (schedules, tasks) is one more row.
 
 Errors are ``{"error": {"code", "message"}}`` with the status that fits
 (:func:`status_of`); a refused signal adds the stored receipt under
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,7 +38,16 @@ _STATUS: list[tuple[type[errors.PerdureError], int]] = [
     (errors.RunNotFound, 404),
     (errors.WorkflowNotFound, 404),
     (errors.TokenNotFound, 404),
+    (errors.RunEventMissing, 404),
+    (errors.UnknownQuery, 404),
     (errors.InvalidInput, 400),
+    # The validator refused the payload: the caller's input, not the run's state.
+    (errors.UpdateRejected, 400),
+    # The update stays delivered and may still be answered: a retry with the
+    # same update_id picks the answer up.
+    (errors.UpdateTimedOut, 504),
+    # The app's own query code raised.
+    (errors.QueryFailed, 500),
     (errors.CorruptState, 500),
     (errors.StoreError, 503),
 ]
@@ -70,6 +80,9 @@ def error_body(exc: errors.PerdureError) -> dict[str, Any]:
     found = getattr(exc, "receipt", None)
     if found is not None:
         body["receipt"] = jsonable(found)
+    update_id = getattr(exc, "update_id", None)
+    if isinstance(update_id, str):
+        body["update_id"] = update_id
     return body
 
 
@@ -110,6 +123,7 @@ class Endpoint:
     handler: Callable[[Call], Any]
     status: int = 200
     body: tuple[str, ...] = ()
+    query: tuple[tuple[str, str], ...] = ()
 
 
 # -- handlers --------------------------------------------------------------------
@@ -146,12 +160,27 @@ def _int(call: Call, name: str, default: int) -> int:
         raise errors.InvalidInput(f"{name!r} must be an integer, got {raw[:20]!r}") from None
 
 
+def _seconds(name: str, raw: Any, default: float, most: float) -> float:
+    """Return a wait in seconds, 0 to ``most``; a request never holds a thread longer."""
+    if raw is None or raw == "":
+        return default
+    try:
+        found = float(raw) if not isinstance(raw, bool) else -1.0
+    except (TypeError, ValueError):
+        found = -1.0
+    if not 0 <= found <= most:
+        raise errors.InvalidInput(f"{name!r} must be a number of seconds from 0 to {most:g}")
+    return found
+
+
 def _runs(call: Call) -> Any:
     page = call.console.reads.page(
         state=call.query.get("state") or None,
         workflow=call.query.get("workflow") or None,
         cursor=call.query.get("cursor") or None,
         limit=_int(call, "limit", 50),
+        created_after=call.query.get("created_after") or None,
+        created_before=call.query.get("created_before") or None,
     )
     return page
 
@@ -231,13 +260,69 @@ def _children(call: Call) -> Any:
     return call.client.children(call.path["run_id"])
 
 
+UPDATE_WAIT, UPDATE_WAIT_MOST = 30.0, 300.0
+EVENT_WAIT_MOST = 60.0
+
+
+def _update(call: Call) -> Any:
+    run_id, name = call.path["run_id"], call.path["name"]
+    # Named here when the caller gives none, so that a caller who timed out
+    # can retry with it and get the run's answer.
+    update_id = call.text("update_id") or uuid.uuid4().hex
+    timeout = _seconds("timeout", call.body.get("timeout"), UPDATE_WAIT, UPDATE_WAIT_MOST)
+    payload = call.body.get("payload")
+    app = call.console.app
+    try:
+        if app is not None:
+            response = app.update(run_id, name, payload, update_id, timeout)
+        else:
+            response = call.client.update(run_id, name, payload, update_id, timeout)
+    except errors.UpdateTimedOut as exc:
+        exc.update_id = update_id  # type: ignore[attr-defined]
+        raise
+    return {"run_id": run_id, "name": name, "update_id": update_id, "response": response}
+
+
+def _query(call: Call) -> Any:
+    app = call.console.app
+    if app is None:
+        raise errors.InvalidInput(
+            "queries are the workflows' code: serve the console with perdure console MODULE:APP"
+        )
+    run_id, name = call.path["run_id"], call.path["name"]
+    return {"run_id": run_id, "query": name, "answer": app.query(run_id, name)}
+
+
+def _events(call: Call) -> Any:
+    return call.client.events(call.path["run_id"])
+
+
+def _event(call: Call) -> Any:
+    timeout = _seconds("timeout", call.query.get("timeout"), 0.0, EVENT_WAIT_MOST)
+    key = call.path["key"]
+    return {"key": key, "value": call.client.get_event(call.path["run_id"], key, timeout)}
+
+
+def _stream(call: Call) -> Any:
+    return call.console.reads.stream(
+        call.path["run_id"],
+        call.path["key"],
+        after=_int(call, "after", 0),
+        limit=_int(call, "limit", 100),
+    )
+
+
 RUN = "/runs/{run_id}"
 
 ENDPOINTS: list[Endpoint] = [
     Endpoint("POST", "/runs", "operate", "Start a run (the same key returns the same run)",
              _start, 201, ("workflow", "args", "kwargs", "key", "version")),
-    Endpoint("GET", "/runs", "read", "List runs, newest first: ?state=&workflow=&cursor=&limit=",
-             _runs),
+    Endpoint("GET", "/runs", "read",
+             "List runs, newest first: ?state=&workflow=&created_after=&created_before="
+             "&cursor=&limit= (instants ISO-8601 or a time ago: 90m, 12h, 7d, 2w)",
+             _runs, query=(("state", "string"), ("workflow", "string"),
+                           ("created_after", "string"), ("created_before", "string"),
+                           ("cursor", "string"), ("limit", "integer"))),
     Endpoint("GET", RUN, "read", "One run (RunInfo)", _get),
     Endpoint("POST", RUN + "/signals/{name}", "signal",
              "Signal a wait; idempotent by signal_id; a refusal is 409 with the receipt",
@@ -256,6 +341,21 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", RUN + "/journal", "read", "The journal, oldest first", _journal),
     Endpoint("GET", RUN + "/waits", "read", "The run's open waits", _waits),
     Endpoint("GET", RUN + "/children", "read", "Counts of child runs by state", _children),
+    Endpoint("POST", RUN + "/updates/{name}", "operate",
+             "Send an update and wait for the run's answer (timeout: seconds, default 30, "
+             "at most 300); idempotent by update_id; 504 update_timeout carries the update_id "
+             "to retry with", _update, 200, ("payload", "update_id", "timeout")),
+    Endpoint("GET", RUN + "/queries/{name}", "read",
+             "Answer a workflow's query from the run's journal (needs the app's code)", _query),
+    Endpoint("GET", RUN + "/events", "read", "The run's events: the latest value of each key",
+             _events),
+    Endpoint("GET", RUN + "/events/{key}", "read",
+             "One event's latest value; ?timeout= waits up to 60 s for it to be set "
+             "(404 run_event_missing)", _event, query=(("timeout", "number"),)),
+    Endpoint("GET", RUN + "/streams/{key}", "read",
+             "A stream's items after the first ?after= (at most ?limit=, default 100); "
+             "read on from next_after", _stream,
+             query=(("after", "integer"), ("limit", "integer"))),
 ]  # fmt: skip
 
 
@@ -302,15 +402,12 @@ def openapi(console: Console) -> dict[str, Any]:
     for e in ENDPOINTS:
         params = [
             {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-            for p in ("run_id", "name", "channel")
+            for p in ("run_id", "name", "channel", "key")
             if "{" + p + "}" in e.path
         ]
-        if e.handler is _runs:
-            params += [
-                {"name": q, "in": "query", "required": False, "schema": {"type": t}}
-                for q, t in (("state", "string"), ("workflow", "string"), ("cursor", "string"),
-                             ("limit", "integer"))
-            ]  # fmt: skip
+        params += [
+            {"name": q, "in": "query", "required": False, "schema": {"type": t}} for q, t in e.query
+        ]
         op: dict[str, Any] = {
             "summary": e.summary,
             "operationId": e.handler.__name__.strip("_"),
@@ -323,7 +420,9 @@ def openapi(console: Console) -> dict[str, Any]:
                     str(s): {"description": d, "content": {"application/json": {"schema": error}}}
                     for s, d in ((400, "bad input"), (401, "no or bad token"),
                                  (403, "scope or app not allowed"), (404, "unknown"),
-                                 (409, "refused"))
+                                 (409, "refused"),
+                                 *(((504, "no answer in time"),) if e.handler is _update
+                                   else ()))
                 },
             },
         }  # fmt: skip

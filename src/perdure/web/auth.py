@@ -6,8 +6,9 @@ found by its id and its secret compared in constant time
 (:func:`hmac.compare_digest`), so the lookup reveals nothing about the secret.
 Tokens are never logged: errors name the token id at most.
 
-Scopes: ``read`` reads; ``operate`` reads and acts (cancel, resume, resolve,
-fork, start, signal, send); ``signal`` only signals and sends (webhooks).
+Scopes: ``read`` reads (and asks queries); ``operate`` reads and acts
+(update, cancel, resume, resolve, fork, start, signal, send); ``signal`` only
+signals and sends (webhooks).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ the engine's answer: a receipt, or a refusal with its code.
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -35,7 +36,10 @@ _env.filters["pretty"] = lambda value: json.dumps(api.jsonable(value), indent=2,
 _env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 LIVE = frozenset({"queued", "running", "waiting"})
-ACTIONS = ("signal", "send", "cancel", "resume", "resolve", "fork")
+ACTIONS = ("signal", "send", "update", "cancel", "resume", "resolve", "fork")
+
+UPDATE_WAIT = 10.0
+"""How long the update form waits for the run's answer before it shows the update id."""
 
 
 def _render(
@@ -93,7 +97,7 @@ def _once_steps(history: list[records.Provenance], journal: list[records.Journal
     return found | {e.name for e in journal if e.kind == "step" and e.status == "started"}
 
 
-def _run_view(console: Console, run_id: str) -> dict[str, Any]:
+def _run_view(console: Console, run_id: str, children: str | None = None) -> dict[str, Any]:
     client = console.client
     info = client.get(run_id)
     history = client.history(run_id)
@@ -107,7 +111,8 @@ def _run_view(console: Console, run_id: str) -> dict[str, Any]:
         "history": history,
         "durations": _durations(history),
         "waits": waits,
-        "children": client.children(run_id),
+        "tree": console.reads.tree(run_id, children),
+        "outside": console.reads.live(run_id),
         "live": info.state in LIVE,
     }
 
@@ -146,6 +151,16 @@ def _act(console: Console, caller: Caller, run_id: str, action: str, form: Any) 
             _parse_json(field("payload"), "payload"),
         )
         return {"stored": stored}
+    if action == "update":
+        name, update_id = field("name").strip(), field("update_id").strip() or uuid.uuid4().hex
+        payload = _parse_json(field("payload"), "payload")
+        send = console.app.update if console.app is not None else client.update
+        try:
+            response = send(run_id, name, payload, update_id, UPDATE_WAIT)
+        except errors.UpdateTimedOut as exc:
+            exc.update_id = update_id  # type: ignore[attr-defined]
+            raise
+        return {"update_id": update_id, "response": response}
     if action == "cancel":
         took = client.cancel(run_id)
         if not took:
@@ -209,6 +224,13 @@ def routes(console: Console) -> list[Route]:
 
     async def runs(request: Request) -> Response:
         q = request.query_params
+        filters = {
+            k: (q.get(k) or "").strip()
+            for k in ("state", "workflow", "created_after", "created_before")
+        }
+        kept = {k: v for k, v in filters.items() if v}
+        refusal: errors.PerdureError | None = None
+        page = records.RunPage([], None)
         try:
             caller = console.caller(request, cookie=True)
             auth.require(caller.scope, "read")
@@ -217,29 +239,40 @@ def routes(console: Console) -> list[Route]:
                 found = await run_in_threadpool(console.reads.find, search)
                 if found is not None:
                     return RedirectResponse(f"/runs/{found.run_id}", 303)
-            state, workflow = q.get("state") or None, q.get("workflow") or None
-            page = await run_in_threadpool(
-                console.reads.page, state, workflow, q.get("cursor") or None, 50
-            )
+            try:
+                page = await run_in_threadpool(
+                    console.reads.page,
+                    kept.get("state"),
+                    kept.get("workflow"),
+                    q.get("cursor") or None,
+                    50,
+                    kept.get("created_after"),
+                    kept.get("created_before"),
+                )
+            except errors.InvalidInput as exc:
+                # A bad filter is shown above the form, which keeps what was typed.
+                refusal = exc
         except errors.PerdureError as exc:
             return _refused(request, console, exc)
         next_url = None
         if page.next_cursor:
-            kept = {k: v for k, v in (("state", state), ("workflow", workflow)) if v}
             next_url = "/runs?" + urlencode({**kept, "cursor": page.next_cursor})
         return _render(
             request,
             console,
             "runs.html",
+            200 if refusal is None else api.status_of(refusal),
             caller=caller,
             page=page,
-            state=state or "",
-            workflow=workflow or "",
+            filters=filters,
+            filtered=bool(kept),
+            state=filters["state"],
+            workflow=filters["workflow"],
             search=search,
             missing=bool(search),
+            refusal=refusal,
             next_url=next_url,
-            first_url="/runs?"
-            + urlencode({k: v for k, v in (("state", state), ("workflow", workflow)) if v}),
+            first_url="/runs?" + urlencode(kept),
             paged=bool(q.get("cursor")),
         )
 
@@ -248,7 +281,8 @@ def routes(console: Console) -> list[Route]:
         try:
             caller = console.caller(request, cookie=True)
             auth.require(caller.scope, "read")
-            view = await run_in_threadpool(_run_view, console, run_id)
+            children = request.query_params.get("children") or None
+            view = await run_in_threadpool(_run_view, console, run_id, children)
         except errors.PerdureError as exc:
             return _refused(request, console, exc)
         return _render(

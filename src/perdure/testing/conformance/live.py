@@ -250,6 +250,34 @@ class LiveTests(Suite):
         assert after is not None and after.response == '{"n": 1}'
         assert [e.position for e in store.journal(run.run_id)] == [1, 2, 3, 4]
 
+    # == list_updates =====================================================
+
+    def test_list_updates_newest_first_in_every_state(self, store: port.Store) -> None:
+        run, other = start(store), start(store)
+        claim = claim_run(store, run).claim
+        live = _live(store)
+        for update_id, name in [("a1", "a"), ("b1", "b"), ("a2", "a")]:
+            live.deliver_update(_update(run.run_id, update_id, name))
+        live.deliver_update(_update(other.run_id, "x1", "a"))
+        live.answer_update(claim, [], "a1", '"ok"')
+        listed = live.list_updates(run.run_id)
+        assert [(u.update_id, u.state) for u in listed] == [
+            ("a2", "pending"),
+            ("b1", "pending"),
+            ("a1", "answered"),
+        ]
+        assert listed[-1].response == '"ok"'
+        assert [u.update_id for u in live.list_updates(run.run_id, limit=2)] == ["a2", "b1"]
+        assert live.list_updates(run.run_id, limit=0) == []
+        assert live.list_updates("no-such-run") == []
+        store.finish(claim, [], state="succeeded", result="1")
+        after = live.list_updates(run.run_id)
+        assert [(u.update_id, u.state) for u in after] == [
+            ("a2", "abandoned"),
+            ("b1", "abandoned"),
+            ("a1", "answered"),
+        ]
+
     # == the end of a run ==================================================
 
     @pytest.mark.parametrize("state", ["succeeded", "failed", "canceled"])

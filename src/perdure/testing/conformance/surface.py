@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
 from perdure import errors
 from perdure.store import pages, port, tokens
 from perdure.testing import clock as clocks
-from perdure.testing.conformance.harness import APP, OTHER_APP, Suite, start
+from perdure.testing.conformance.harness import (
+    APP,
+    OTHER_APP,
+    Suite,
+    claim_run,
+    new_run,
+    start,
+)
 
 
 def _tokens(store: port.Store) -> tokens.TokenStore:
@@ -113,7 +120,7 @@ class TokenTests(Suite):
 
 
 class PageTests(Suite):
-    """The conformance tests of page_runs and run_by_key."""
+    """The conformance tests of page_runs, page_children and run_by_key."""
 
     def test_pages_walk_every_run_once_newest_first(
         self, store: port.Store, clock: clocks.FakeClock
@@ -166,6 +173,68 @@ class PageTests(Suite):
         only_a = paged.page_runs(APP, workflow="wf-a", after=pages.After(a.created_at, a.run_id))
         assert only_a == []
         assert paged.page_runs(APP, limit=0) == []
+
+    def test_pages_keep_a_time_window_with_every_filter(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        paged = _paged(store)
+        made = []
+        for i in range(6):
+            made.append(start(store, workflow="wf-window" if i % 2 else "wf-other"))
+            clock.advance(10)
+        start(store, app=OTHER_APP, workflow="wf-window")
+        at = [r.created_at for r in made]
+
+        def ids(**kwargs: Any) -> list[str]:
+            return [r.run_id for r in paged.page_runs(APP, **kwargs)]
+
+        def expect(*picked: int) -> list[str]:
+            return [made[i].run_id for i in picked]
+
+        assert ids(created_after=at[1]) == expect(5, 4, 3, 2)
+        assert ids(created_before=at[2]) == expect(1, 0)
+        assert ids(created_after=at[0], created_before=at[4]) == expect(3, 2, 1)
+        assert ids(created_after=at[0], created_before=at[4], workflow="wf-window") == expect(3, 1)
+        assert ids(created_after=at[0], state="queued") == expect(5, 4, 3, 2, 1)
+        assert ids(created_before=at[3], state="queued", workflow="wf-other") == expect(2, 0)
+        assert ids(created_after=at[5]) == [] and ids(created_before=at[0]) == []
+        assert ids(created_after=at[3], created_before=at[2]) == []
+        # A cursor inside the window pages on; one past its end is bounded by it.
+        first = paged.page_runs(APP, created_before=at[5], limit=2)
+        after = pages.After(first[-1].created_at, first[-1].run_id)
+        assert ids(created_before=at[5], after=after) == expect(2, 1, 0)
+        newest = pages.After(made[5].created_at, made[5].run_id)
+        assert ids(created_before=at[2], after=newest) == expect(1, 0)
+        with pytest.raises(errors.InvalidInput):
+            paged.page_runs(APP, created_after=at[0].replace(tzinfo=None))
+        with pytest.raises(errors.InvalidInput):
+            paged.page_runs(APP, created_before=at[0].replace(tzinfo=None))
+
+    def test_page_children_walks_one_runs_children_oldest_first(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        paged = _paged(store)
+        parent, other = start(store), start(store)
+        claim = claim_run(store, parent).claim
+        made = []
+        for i in range(3):
+            batch = [new_run(parent_id=parent.run_id, key=f"child-{i}-{j}") for j in range(2)]
+            made += store.create_children(claim, batch)
+            clock.advance(1)
+        grandchild_parent = made[0]
+        store.create_run(new_run(parent_id=grandchild_parent.run_id))
+        store.create_run(new_run(parent_id=other.run_id))
+        expected = [r.run_id for r in sorted(made, key=lambda r: (r.created_at, r.run_id))]
+        seen: list[str] = []
+        after = None
+        while page := paged.page_children(parent.run_id, after=after, limit=4):
+            seen += [r.run_id for r in page]
+            after = pages.After(page[-1].created_at, page[-1].run_id)
+        assert seen == expected
+        assert all(r.parent_id == parent.run_id for r in paged.page_children(parent.run_id))
+        assert paged.page_children("no-such-run") == []
+        assert paged.page_children(parent.run_id, limit=0) == []
+        assert len(paged.page_children(grandchild_parent.run_id)) == 1
 
     def test_run_by_key_finds_only_the_apps_run(self, store: port.Store) -> None:
         paged = _paged(store)

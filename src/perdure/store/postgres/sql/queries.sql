@@ -715,10 +715,13 @@ SELECT (SELECT count(*) FROM waits_gone)
 -- Keyset, newest first; with no page before, after_at is past every run.
 -- One query per filter, each walking its own index in order (a filter
 -- written `param IS NULL OR ...` would keep the planner off the index).
+-- The time window bounds the same walk: the caller folds created_before into
+-- the keyset bound, and since is before every run when no window is asked.
 -- Served by runs_page (app, created_at, run_id).
 SELECT * FROM perdure.runs
 WHERE app = %(app)s
   AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+  AND created_at > %(since)s::timestamptz
 ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;
 
@@ -728,6 +731,7 @@ SELECT * FROM perdure.runs
 WHERE app = %(app)s AND state = %(state)s
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
   AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+  AND created_at > %(since)s::timestamptz
 ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;
 
@@ -736,7 +740,17 @@ LIMIT %(limit)s;
 SELECT * FROM perdure.runs
 WHERE app = %(app)s AND workflow = %(workflow)s
   AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+  AND created_at > %(since)s::timestamptz
 ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
+-- name: page_children
+-- Keyset, oldest first; with no page before, after_at is before every run.
+-- Served by runs_children (parent_id, created_at, run_id).
+SELECT * FROM perdure.runs
+WHERE parent_id = %(run_id)s
+  AND (created_at, run_id) > (%(after_at)s::timestamptz, %(after_id)s::text)
+ORDER BY created_at, run_id
 LIMIT %(limit)s;
 
 -- name: run_by_key
@@ -813,6 +827,14 @@ RETURNING *;
 
 -- name: update_get
 SELECT * FROM perdure.updates WHERE run_id = %(run_id)s AND update_id = %(update_id)s;
+
+-- name: list_updates
+-- The run's latest updates, newest first; a run's sequence numbers its
+-- updates of every name, so (run_id, sequence) is unique.
+SELECT * FROM perdure.updates
+WHERE run_id = %(run_id)s
+ORDER BY sequence DESC
+LIMIT %(limit)s;
 
 -- name: next_update
 SELECT * FROM perdure.updates

@@ -139,6 +139,9 @@ CREATE INDEX tokens_app ON perdure.tokens (app, created_at);
 CREATE INDEX runs_page ON perdure.runs (app, created_at, run_id);
 CREATE INDEX runs_page_state ON perdure.runs (app, state, created_at, run_id);
 CREATE INDEX runs_page_workflow ON perdure.runs (app, workflow, created_at, run_id);
+
+-- A run's children by keyset, oldest first (the console's tree of a run).
+CREATE INDEX runs_children ON perdure.runs (parent_id, created_at, run_id) WHERE parent_id IS NOT NULL;
 CREATE TABLE perdure.updates (
     run_id text NOT NULL,
     update_id text NOT NULL,

@@ -568,10 +568,13 @@ DELETE FROM messages WHERE NOT EXISTS (
 -- Keyset, newest first; with no page before, after_at is past every run.
 -- One query per filter, each walking its own index in order (a filter
 -- written `param IS NULL OR ...` would keep the planner off the index).
+-- The time window bounds the same walk: the caller folds created_before into
+-- the keyset bound, and since is before every run when no window is asked.
 -- Served by runs_page (app, created_at, run_id).
 SELECT * FROM runs
 WHERE app = :app
   AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at > :since
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
 
@@ -581,6 +584,7 @@ SELECT * FROM runs
 WHERE app = :app AND state = :state
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at > :since
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
 
@@ -589,7 +593,17 @@ LIMIT :limit;
 SELECT * FROM runs
 WHERE app = :app AND workflow = :workflow
   AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at > :since
 ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: page_children
+-- Keyset, oldest first; with no page before, after_at is before every run.
+-- Served by runs_children (parent_id, created_at, run_id).
+SELECT * FROM runs
+WHERE parent_id = :run_id
+  AND (created_at, run_id) > (:after_at, :after_id)
+ORDER BY created_at, run_id
 LIMIT :limit;
 
 -- name: run_by_key
@@ -650,6 +664,14 @@ RETURNING *;
 
 -- name: update_get
 SELECT * FROM updates WHERE run_id = :run_id AND update_id = :update_id;
+
+-- name: list_updates
+-- The run's latest updates, newest first; a run's sequence numbers its
+-- updates of every name, so (run_id, sequence) is unique.
+SELECT * FROM updates
+WHERE run_id = :run_id
+ORDER BY sequence DESC
+LIMIT :limit;
 
 -- name: next_update
 SELECT * FROM updates

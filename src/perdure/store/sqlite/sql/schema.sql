@@ -136,6 +136,9 @@ CREATE INDEX tokens_app ON tokens (app, created_at);
 CREATE INDEX runs_page ON runs (app, created_at, run_id);
 CREATE INDEX runs_page_state ON runs (app, state, created_at, run_id);
 CREATE INDEX runs_page_workflow ON runs (app, workflow, created_at, run_id);
+
+-- A run's children by keyset, oldest first (the console's tree of a run).
+CREATE INDEX runs_children ON runs (parent_id, created_at, run_id) WHERE parent_id IS NOT NULL;
 CREATE TABLE updates (
     run_id TEXT NOT NULL,
     update_id TEXT NOT NULL,
