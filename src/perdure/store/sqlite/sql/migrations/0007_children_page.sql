@@ -1,4 +1,4 @@
--- 0006: a run's children page by keyset, oldest first, on their own index,
+-- 0007: a run's children page by keyset, oldest first, on their own index,
 -- so the console shows the first children of a run with thousands of them
 -- without sorting them all. Only child runs are in it.
 
