@@ -334,26 +334,11 @@ class App:
             errors.KeyConflict: ``key`` names a run of another workflow or with
                 other arguments.
         """
-        if key is not None and not isinstance(key, str):
-            raise errors.InvalidInput(f"a run key is a string, got {type(key).__name__}")
         name, version, hint = self.workflow_ref(workflow)
-        self._check_arguments(self._workflows[name], args, kwargs)
+        wf = self._workflows[name]
+        key, kwargs = registry.split_key(wf, workflow, key, kwargs)
+        registry.check_arguments(wf, args, kwargs)
         return self.client.start(name, version, args, kwargs, key=key, hint=hint)
-
-    @staticmethod
-    def _check_arguments(wf: registry.WorkflowDef, args: Any, kwargs: dict[str, Any]) -> None:
-        try:
-            bound = wf.signature.bind(None, *args, **kwargs)
-        except TypeError as exc:
-            raise errors.InvalidInput(f"bad arguments for workflow {wf.name}: {exc}") from None
-        for param, value in list(bound.arguments.items())[1:]:
-            if param in wf.params:
-                try:
-                    codec.convert(codec.decode(codec.encode(value)), wf.params[param])
-                except errors.InvalidPayload as exc:
-                    raise errors.InvalidPayload(
-                        f"argument {param!r} of workflow {wf.name}: {exc}"
-                    ) from None
 
     def handle(self, run_id: str) -> client_api.RunHandle[Any]:
         """Return a handle on an existing run (its result typed by the workflow's hint)."""

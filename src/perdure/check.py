@@ -161,6 +161,11 @@ class ReplayRuntime:
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
         return self._registry.workflow_ref(workflow)
 
+    def child_call(
+        self, workflow: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str | None, dict[str, Any]]:
+        return registry.child_call(self._registry, workflow, key, args, kwargs)
+
     def now(self) -> datetime:
         # Only compared with recorded deadlines: a recorded sleep is over
         # (the run went on), and an open wait stops the replay below.

@@ -62,6 +62,15 @@ class Runtime(steps.Runtime, Protocol):
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
         """Return (name, version, return hint) of a registered workflow or its name."""
 
+    def child_call(
+        self, workflow: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str | None, dict[str, Any]]:
+        """Check a child's arguments as ``app.start`` does; return its key and keyword arguments.
+
+        ``key=`` goes to a workflow that has a parameter named ``key``; the
+        run key then comes from ``workflow.keyed(...)``.
+        """
+
     def now(self) -> datetime:
         """Return the store's current time."""
 
@@ -107,6 +116,17 @@ class ChildHandle:
             errors.ChildFailed: the child failed or was canceled.
         """
         return self._ctx._give(self._ctx._child_result(self.run_id, self._hint))
+
+
+def _item_arguments(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Return the arguments one ``ctx.map`` item stands for (see :meth:`Context.map`)."""
+    if isinstance(item, tuple):
+        return item, {}
+    if isinstance(item, dict):
+        if not all(isinstance(name, str) for name in item):
+            raise errors.InvalidInput("a ctx.map item that is a dict needs parameter names as keys")
+        return (), dict(item)
+    return (item,), {}
 
 
 def _as_delta(d: timedelta | float) -> timedelta:
@@ -321,13 +341,19 @@ class Context:
     def start_child(
         self, workflow: Any, *args: Any, key: str | None = None, **kwargs: Any
     ) -> ChildHandle:
-        """Start a child run once (per journal position, or per ``key``) and return its handle."""
-        if key is not None:
-            codec.check_text("a child key", key)
+        """Start a child run once (per journal position, or per ``key``) and return its handle.
+
+        The arguments are checked against the child's signature here, as
+        ``app.start`` checks them. Give the key as ``workflow.keyed(key)``
+        when the child has a parameter named ``key``.
+        """
         name, version, hint = self._runtime.workflow_ref(workflow)
         entry = self._next(replay.Call("child", name))
         if entry is not None:
             return ChildHandle(self._child_id(entry), self, hint)
+        key, kwargs = self._runtime.child_call(workflow, key, args, kwargs)
+        if key is not None:
+            codec.check_text("a child key", key)
         # A caller's key is scoped to this parent, so two parents never share a child.
         child_key = f"{self.run_id}/{key or self._cursor.position}"
         text = codec.encode({"args": list(args), "kwargs": kwargs}, envelope=2)
@@ -337,11 +363,17 @@ class Context:
         return ChildHandle(run_id, self, hint)
 
     def map(self, workflow: Any, items: Any) -> list[ChildHandle]:
-        """Start one child run per item (``workflow(item)``) in a single store call.
+        """Start one child run per item in a single store call.
 
-        Each child takes one journal position, so a replayed fan-out creates
-        nothing twice. Collect results with ``[h.result() for h in handles]``:
-        the parent pauses on the first child still running.
+        An item that is a tuple is the child's positional arguments
+        (``workflow(*item)``), a dict its keyword arguments
+        (``workflow(**item)``), anything else its one argument
+        (``workflow(item)``); to pass one tuple or dict as the only argument,
+        wrap it: ``(value,)``. Every item is checked against the child's
+        signature before any child is created. Each child takes one journal
+        position, so a replayed fan-out creates nothing twice. Collect
+        results with ``[h.result() for h in handles]``: the parent pauses on
+        the first child still running.
         """
         name, version, hint = self._runtime.workflow_ref(workflow)
         run_ids: list[str] = []
@@ -352,7 +384,9 @@ class Context:
                 run_ids.append(self._child_id(entry))
                 continue
             position = self._cursor.position
-            text = codec.encode({"args": [item], "kwargs": {}}, envelope=2)
+            args, kwargs = _item_arguments(item)
+            _, kwargs = self._runtime.child_call(workflow, None, args, kwargs)
+            text = codec.encode({"args": list(args), "kwargs": kwargs}, envelope=2)
             codec.check_size(text, self._runtime.payload_limit, f"the input of child {name}")
             child = NewChild(name, version, text, f"{self.run_id}/{position}")
             fresh.append((len(run_ids), position, child))

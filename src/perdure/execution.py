@@ -156,6 +156,11 @@ class Execution:
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
         return self.host.registry.workflow_ref(workflow)
 
+    def child_call(
+        self, workflow: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str | None, dict[str, Any]]:
+        return registry_api.child_call(self.host.registry, workflow, key, args, kwargs)
+
     @property
     def payload_limit(self) -> int:
         return self.host.registry.payload_limit

@@ -15,9 +15,9 @@ import inspect
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar, cast, overload
 
-from perdure import context, errors
+from perdure import codec, context, errors
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -42,6 +42,71 @@ class WorkflowDef:
     def signature(self) -> inspect.Signature:
         """The workflow function's signature, read once: every start checks its arguments."""
         return inspect.signature(self.fn)
+
+
+def takes_key(wf: WorkflowDef) -> bool:
+    """Whether the workflow has a parameter named ``key`` (then ``key=`` is its argument)."""
+    return "key" in list(wf.signature.parameters)[1:]
+
+
+def split_key(
+    wf: WorkflowDef, workflow: Any, key: Any, kwargs: dict[str, Any]
+) -> tuple[str | None, dict[str, Any]]:
+    """Return the run key and the workflow's keyword arguments of a start.
+
+    ``key=`` is the run key, unless the workflow has a parameter named
+    ``key``: then it is that argument, and the run key comes from
+    ``workflow.keyed(...)`` only.
+
+    Raises:
+        errors.InvalidInput: two run keys, or one that is not a string.
+    """
+    bound: str | None = getattr(workflow, "__perdure_key__", None)
+    if key is not None and takes_key(wf):
+        kwargs, key = {**kwargs, "key": key}, None
+    if bound is not None:
+        if key is not None:
+            raise errors.InvalidInput(
+                f"two run keys for one start of {wf.name}: {bound!r} and {key!r}"
+            )
+        key = bound
+    if key is not None and not isinstance(key, str):
+        raise errors.InvalidInput(f"a run key is a string, got {type(key).__name__}")
+    return key, kwargs
+
+
+def check_arguments(wf: WorkflowDef, args: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse arguments the workflow's signature or type hints do not take.
+
+    Raises:
+        errors.InvalidInput: they do not bind to the signature.
+        errors.InvalidPayload: a value does not fit its parameter's type hint.
+    """
+    try:
+        bound = wf.signature.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise errors.InvalidInput(f"bad arguments for workflow {wf.name}: {exc}") from None
+    for param, value in list(bound.arguments.items())[1:]:
+        if param in wf.params:
+            try:
+                codec.convert(codec.decode(codec.encode(value)), wf.params[param])
+            except errors.InvalidPayload as exc:
+                raise errors.InvalidPayload(
+                    f"argument {param!r} of workflow {wf.name}: {exc}"
+                ) from None
+
+
+def child_call(
+    reg: Registry, workflow: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str | None, dict[str, Any]]:
+    """What a run starting a child checks (see ``Runtime.child_call`` in the context)."""
+    name, _, _ = reg.workflow_ref(workflow)
+    wf = reg.workflow_def(name)
+    if wf is None:  # workflow_ref found it: only a registry that lies gets here
+        raise errors.WorkflowNotFound(name, [])
+    key, kwargs = split_key(wf, workflow, key, kwargs)
+    check_arguments(wf, args, kwargs)
+    return key, kwargs
 
 
 class Registry(Protocol):
@@ -78,7 +143,23 @@ class Workflow(Generic[P, R]):
         self.__perdure_workflow__ = name
 
     def __repr__(self) -> str:
-        return f"<workflow {self.name} version {self.version}>"
+        key = getattr(self, "__perdure_key__", None)
+        return f"<workflow {self.name} version {self.version}{f' key {key!r}' if key else ''}>"
+
+    def keyed(self, key: str) -> Self:
+        """This workflow, to be started under the idempotency ``key``.
+
+        ``app.start(checkout.keyed("order-7"), ...)`` (or
+        ``ctx.start_child(...)``) is the same as passing ``key=``, with two
+        differences: it cannot collide with a parameter of the workflow named
+        ``key``, and type checkers still check the other arguments.
+        """
+        if not isinstance(key, str) or not key:
+            raise errors.InvalidInput(f"a run key is a non-empty string, got {key!r}")
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__["__perdure_key__"] = key
+        return copy
 
     def _handlers(self, what: str) -> dict[str, Callable[[Any], Any]]:
         if self._definition is None:

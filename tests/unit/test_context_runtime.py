@@ -92,6 +92,11 @@ class FakeRuntime:
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
         return (workflow if isinstance(workflow, str) else workflow.__name__), "1", None
 
+    def child_call(
+        self, workflow: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str | None, dict[str, Any]]:
+        return key, kwargs
+
     def now(self) -> datetime:
         return self.clock
 
