@@ -113,6 +113,17 @@ def test_migrate_and_start_still_create_the_store(project: Path) -> None:
     assert doc(run("runs", "--json")) == []
 
 
+def test_a_relative_store_url_is_named_by_its_absolute_file(project: Path) -> None:
+    assert run("migrate").exit_code == 0
+    listed = run("runs")
+    assert listed.exit_code == 0
+    # Run from another directory, the same URL would name another file: say which one.
+    assert f"store: sqlite:///{project / 'perdure.db'}" in listed.stderr
+    assert str(project) in listed.stderr
+    absolute = run("runs", "--store", f"sqlite:///{project / 'perdure.db'}")
+    assert "store:" not in absolute.stderr
+
+
 # -- --app defaults to every app, to MODULE:APP's, or to $PERDURE_APP ------------------
 
 

@@ -37,6 +37,9 @@ def opened(url: str | None, *, create: bool = True, migrate: bool = True) -> Ite
         raise errors.StoreUnavailable(
             f"cannot open the store {output.redact(url)}: {type(exc).__name__}: {exc}"
         ) from exc
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        # A relative SQLite URL names another file in another directory: say which.
+        click.echo(f"store: {store.url} ({url} in {os.getcwd()})", err=True)
     try:
         yield store
     finally:

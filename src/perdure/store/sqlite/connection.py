@@ -230,8 +230,9 @@ class Connections:
             errors.StoreUnavailable: the file cannot be created or opened, or
                 it does not exist and ``create`` is False.
         """
-        self.url = url
         self.path = database_path(url)
+        # Absolute, so that every message names the one file, whatever the directory.
+        self.url = f"sqlite:///{self.path}"
         _check_location(self.path)
         if not create and not os.path.isfile(self.path):
             raise errors.StoreUnavailable(
