@@ -166,20 +166,41 @@ class App:
     ) -> registry.SyncWorkflow[P, R]: ...
 
     @overload
-    def workflow(self, name: str | None = None, *, version: str = "1") -> registry.Register: ...
+    def workflow(
+        self,
+        name: str | None = None,
+        *,
+        version: str = "1",
+        parent_close: registry.ParentClose = "abandon",
+    ) -> registry.Register: ...
 
-    def workflow(self, name: str | Callable[..., Any] | None = None, *, version: str = "1") -> Any:
+    def workflow(
+        self,
+        name: str | Callable[..., Any] | None = None,
+        *,
+        version: str = "1",
+        parent_close: registry.ParentClose = "abandon",
+    ) -> Any:
         """Register a workflow function; its first parameter receives the Context.
 
         Use it as ``@app.workflow``, ``@app.workflow()`` or
         ``@app.workflow("name", version="2")``. Returns a
         :class:`~perdure.registry.Workflow` that stays callable as the function
         and types ``app.start`` and its handle.
+
+        ``parent_close`` says what happens to a run of this workflow started
+        as a child when its parent ends (succeeded, failed or canceled) first:
+        ``"abandon"`` (the default) lets it run on; ``"cancel"`` cancels it
+        and its descendants, as ``app.cancel`` does.
         """
         if callable(name):
-            return self.workflow(None, version=version)(name)
+            return self.workflow(None, version=version, parent_close=parent_close)(name)
         if name is not None and not isinstance(name, str):
             raise errors.InvalidInput(f"a workflow name must be a string, got {name!r}")
+        if parent_close not in ("abandon", "cancel"):
+            raise errors.InvalidInput(
+                f"parent_close is 'abandon' or 'cancel', got {parent_close!r}"
+            )
 
         def register(fn: Callable[..., Any]) -> registry.Workflow[Any, Any]:
             wf_name = name or fn.__name__
@@ -200,6 +221,7 @@ class App:
                 is_async=is_async,
                 params=ordered,
                 returns=codec.return_hint(fn),
+                parent_close=parent_close,
             )
             self._workflows[wf_name] = definition
             fn.__perdure_workflow__ = wf_name  # type: ignore[attr-defined]

@@ -207,6 +207,10 @@ class Execution:
         )
         return message
 
+    def _parent_close(self, workflow: str) -> str | None:
+        found = self.host.registry.workflow_def(workflow)
+        return "cancel" if found is not None and found.parent_close == "cancel" else None
+
     def create_children(self, children: list[context.NewChild]) -> list[str]:
         new = [
             port.NewRun(
@@ -217,6 +221,7 @@ class Execution:
                 input=telemetry.with_trace(child.input, self.span.trace_context()),
                 key=child.key,
                 parent_id=self.run_.run_id,
+                parent_close=self._parent_close(child.workflow),
             )
             for child in children
         ]

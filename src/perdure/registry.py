@@ -15,13 +15,25 @@ import inspect
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar, cast, overload
+from typing import (
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeVar,
+    cast,
+    overload,
+)
 
 from perdure import codec, context, errors
 
 P = ParamSpec("P")
 R = TypeVar("R")
 H = TypeVar("H", bound=Callable[..., Any])
+ParentClose = Literal["abandon", "cancel"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,8 @@ class WorkflowDef:
     is_async: bool
     params: dict[str, Any]
     returns: Any
+    # What a child run of this workflow does when its parent ends first.
+    parent_close: ParentClose = "abandon"
     # Filled by @workflow.validator(name) and @workflow.query(name).
     validators: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     queries: dict[str, Callable[[Any], Any]] = field(default_factory=dict)

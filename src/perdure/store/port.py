@@ -131,6 +131,8 @@ class NewRun:
     input: str
     key: str | None = None
     parent_id: str | None = None
+    # A child's policy when its parent ends: "cancel", or None (it runs on).
+    parent_close: str | None = None
 
 
 @dataclass(frozen=True)

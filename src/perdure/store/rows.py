@@ -490,6 +490,7 @@ CHILD_ARRAYS = {
     "versions": "version",
     "inputs": "input",
     "keys": "key",
+    "parent_closes": "parent_close",
 }
 KEY_ARRAYS = {"apps": "app", "keys": "key"}
 WAIT_ARRAYS = {

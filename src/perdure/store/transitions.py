@@ -183,6 +183,11 @@ class Transitions(abc.ABC, Generic[C]):
         if not ended:
             return
         self._exec(cur, "end_cleanup", run_ids=[r["run_id"] for r in ended])
+        # Children started with parent_close="cancel" end with their parent.
+        doomed = self._exec(cur, "children_to_close", run_ids=[r["run_id"] for r in ended])
+        roots = [r["run_id"] for r in doomed.fetchall()]
+        if roots:
+            self._cancel_trees(cur, roots)
         children = [r for r in ended if r["parent_id"] is not None]
         if not children:
             return
@@ -569,33 +574,39 @@ class Transitions(abc.ABC, Generic[C]):
         def work(cur: C) -> bool:
             if self._exec(cur, "lock_run", run_id=run_id).fetchone() is None:
                 raise errors.RunNotFound(run_id)
-            seen: set[str] = set()
-            ended: list[Row] = []
-            receipts: list[ledger.Receipt] = []
-            # A child committed while this walk waited on a lock is found by
-            # the next walk; runs already marked here cannot create more.
-            while fresh := sorted(
-                {r["run_id"] for r in self._exec(cur, "run_tree", run_id=run_id)} - seen
-            ):
-                seen.update(fresh)
-                for row in self._exec(cur, "lock_runs", run_ids=fresh).fetchall():
-                    self.read.run(row)  # refuse to cancel through a corrupt run
-                self._exec(cur, "cancel_open_waits", run_ids=fresh)
-                canceled = self._exec(cur, "cancel_now", run_ids=fresh).fetchall()
-                requested = self._exec(cur, "cancel_request", run_ids=fresh).fetchall()
-                ended += canceled
-                receipts += [
-                    ledger.Receipt(r["run_id"], r["ledger_sequence"], kind, r["generation"], None)
-                    for kind, found in (("canceled", canceled), ("cancel_requested", requested))
-                    for r in found
-                ]
-            self._append(cur, receipts)
-            # Every cancel is stored before any parent outcome, so a parent
-            # canceled in this call receives none.
-            self._end_runs(cur, ended)
-            return bool(receipts)
+            return self._cancel_trees(cur, [run_id])
 
         return self._transact(work)
+
+    def _cancel_trees(self, cur: C, roots: Sequence[str]) -> bool:
+        """Cancel the runs ``roots`` and all their descendants; return whether any changed."""
+        seen: set[str] = set()
+        ended: list[Row] = []
+        receipts: list[ledger.Receipt] = []
+
+        def tree() -> set[str]:
+            return {r["run_id"] for root in roots for r in self._exec(cur, "run_tree", run_id=root)}
+
+        # A child committed while this walk waited on a lock is found by
+        # the next walk; runs already marked here cannot create more.
+        while fresh := sorted(tree() - seen):
+            seen.update(fresh)
+            for row in self._exec(cur, "lock_runs", run_ids=fresh).fetchall():
+                self.read.run(row)  # refuse to cancel through a corrupt run
+            self._exec(cur, "cancel_open_waits", run_ids=fresh)
+            canceled = self._exec(cur, "cancel_now", run_ids=fresh).fetchall()
+            requested = self._exec(cur, "cancel_request", run_ids=fresh).fetchall()
+            ended += canceled
+            receipts += [
+                ledger.Receipt(r["run_id"], r["ledger_sequence"], kind, r["generation"], None)
+                for kind, found in (("canceled", canceled), ("cancel_requested", requested))
+                for r in found
+            ]
+        self._append(cur, receipts)
+        # Every cancel is stored before any parent outcome, so a parent
+        # canceled in this call receives none.
+        self._end_runs(cur, ended)
+        return bool(receipts)
 
     def resolve(
         self,

@@ -54,16 +54,17 @@ RETURNING *;
 -- One statement for the whole fan-out; children whose key exists are left as stored.
 INSERT INTO perdure.runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at
+    ledger_sequence, ledger_limit, created_at, updated_at, parent_close
 )
 SELECT c.run_id, c.app, c.workflow, c.version, 'queued', c.input, c.key, %(parent_id)s,
        1, %(ledger_limit)s,
        coalesce(%(now)s::timestamptz, statement_timestamp()),
-       coalesce(%(now)s::timestamptz, statement_timestamp())
+       coalesce(%(now)s::timestamptz, statement_timestamp()),
+       c.parent_close
 FROM unnest(
     %(run_ids)s::text[], %(apps)s::text[], %(workflows)s::text[],
-    %(versions)s::text[], %(inputs)s::text[], %(keys)s::text[]
-) AS c(run_id, app, workflow, version, input, key)
+    %(versions)s::text[], %(inputs)s::text[], %(keys)s::text[], %(parent_closes)s::text[]
+) AS c(run_id, app, workflow, version, input, key, parent_close)
 ON CONFLICT DO NOTHING
 RETURNING run_id, app;
 
@@ -907,3 +908,13 @@ WHERE r.app = %(app)s
           AND r.ready_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
   )
 ORDER BY r.ready_at, r.run_id;
+
+-- name: children_to_close
+-- Live children of runs that just ended whose workflow cancels them when
+-- their parent ends (parent_close = 'cancel'), not already told to cancel.
+SELECT run_id FROM perdure.runs
+WHERE parent_id = ANY(%(run_ids)s::text[])
+  AND parent_close = 'cancel'
+  AND state NOT IN ('succeeded', 'failed', 'canceled')
+  AND NOT cancel_requested
+ORDER BY run_id;

@@ -37,6 +37,8 @@ CREATE TABLE perdure.runs (
     lease_ttl interval,
     -- How many provenance receipts the run keeps, fixed when it is created.
     ledger_limit integer NOT NULL DEFAULT 256,
+    -- 'cancel' if the run is canceled when its parent ends; NULL: it runs on.
+    parent_close text,
     -- Idempotent creation: one run per (app, key); runs without a key never collide.
     CONSTRAINT runs_app_key UNIQUE (app, key)
 );

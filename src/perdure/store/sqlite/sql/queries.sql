@@ -34,13 +34,14 @@ RETURNING *;
 
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
--- :batch rows are [run_id, app, workflow, version, input, key].
+-- :batch rows are [run_id, app, workflow, version, input, key, parent_close].
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at
+    ledger_sequence, ledger_limit, created_at, updated_at, parent_close
 )
 SELECT json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'), 'queued',
-       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), :parent_id, 1, :ledger_limit, :now, :now
+       json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), :parent_id, 1, :ledger_limit, :now, :now,
+       json_extract(b.value, '$[6]')
 FROM json_each(:batch) AS b
 WHERE true
 ON CONFLICT DO NOTHING
@@ -732,3 +733,13 @@ WHERE r.app = :app
       OR (r.state = 'queued' AND r.ready_at > :now)
   )
 ORDER BY r.ready_at, r.run_id;
+
+-- name: children_to_close
+-- Live children of runs that just ended whose workflow cancels them when
+-- their parent ends (parent_close = 'cancel'), not already told to cancel.
+SELECT run_id FROM runs
+WHERE parent_id IN (SELECT value FROM json_each(:run_ids))
+  AND parent_close = 'cancel'
+  AND state NOT IN ('succeeded', 'failed', 'canceled')
+  AND cancel_requested = 0
+ORDER BY run_id;

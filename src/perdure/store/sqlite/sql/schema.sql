@@ -10,6 +10,7 @@ CREATE TABLE perdure_schema (
 );
 
 -- ledger_limit: how many provenance receipts the run keeps, fixed when it is created.
+-- parent_close: 'cancel' if the run is canceled when its parent ends; NULL: it runs on.
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     app TEXT NOT NULL,
@@ -32,7 +33,8 @@ CREATE TABLE runs (
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     lease_ttl INTEGER,
-    ledger_limit INTEGER NOT NULL DEFAULT 256
+    ledger_limit INTEGER NOT NULL DEFAULT 256,
+    parent_close TEXT
 );
 
 -- Idempotent creation: one run per (app, key).
