@@ -21,6 +21,7 @@ from perdure.store import DEFAULT_LEDGER_LIMIT, default_url, open_store, port
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
+M = TypeVar("M", bound=Callable[[Any], object])
 
 # How long ended runs are kept before a worker's sweep deletes them.
 DEFAULT_RETENTION = timedelta(days=30)
@@ -95,6 +96,8 @@ class App:
         self.retention = retention
         self.telemetry = telemetry or telemetry_api.NONE
         self._workflows: dict[str, registry.WorkflowDef] = {}
+        # The app's own schema in the store's database (see migration()).
+        self._migrations: dict[int, Callable[[Any], object]] = {}
         self._store: port.Store | None = None if isinstance(store, str | None) else store
         self._store_given = self._store is not None
         self._client: client_api.Client | None = None
@@ -464,6 +467,48 @@ class App:
 
     # -- workers --------------------------------------------------------------
 
+    def migration(self, version: int) -> Callable[[M], M]:
+        """Register ``fn(connection)``, migration ``version`` of the app's own tables.
+
+        ``@app.transaction`` steps write to the store's database; this is how
+        their tables get there. ``fn`` receives the database connection
+        (``sqlite3.Connection``, or ``psycopg.Connection`` on PostgreSQL) in
+        a transaction that also records the migration, and must neither
+        commit nor roll back. Each version runs once per app and store, lowest
+        first, when a worker starts, when a test environment opens, on
+        :meth:`migrate` and on ``perdure migrate MODULE:APP``.
+
+        Raises:
+            errors.InvalidInput: ``version`` is not a positive integer, or is taken.
+        """
+        if type(version) is not int or version < 1:
+            raise errors.InvalidInput(f"a migration version is a positive integer, got {version!r}")
+
+        def register(fn: M) -> M:
+            if version in self._migrations:
+                raise errors.InvalidInput(f"app {self.name} has two migrations {version}")
+            self._migrations[version] = fn
+            return fn
+
+        return register
+
+    def migrate(self) -> list[int]:
+        """Bring the store's schema and then the app's own (its migrations) up to date.
+
+        Returns the versions of the app's migrations applied now (none if all were).
+
+        Raises:
+            errors.InvalidInput: the app has migrations and its store cannot run them.
+        """
+        store = self.store  # opening the store migrates perdure's own schema
+        if not self._migrations:
+            return []
+        apply = getattr(store, "apply_app_migrations", None)
+        if apply is None:
+            raise errors.InvalidInput(f"the store {store.url} cannot run an app's migrations")
+        applied: list[int] = apply(self.name, sorted(self._migrations.items()))
+        return applied
+
     def worker(
         self,
         concurrency: int = 8,
@@ -485,6 +530,7 @@ class App:
         beat = heartbeat.total_seconds() if isinstance(heartbeat, timedelta) else float(heartbeat)
         worker_api.validate_timing(ttl, beat)
         store = self.store
+        self.migrate()  # the tables the app's transaction steps write
         # A test clock that moves wakes the worker at once (FakeClock.subscribe).
         subscribe = getattr(self.clock, "subscribe", None)
         if callable(subscribe):

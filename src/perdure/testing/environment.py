@@ -149,6 +149,7 @@ class Environment:
                 store = open_store(self._url, clock=self.clock)
                 stack.callback(store.close)
             stack.enter_context(self.app.using(store))
+            self.app.migrate()  # the tables the app's transaction steps write
         except BaseException:
             stack.close()
             raise

@@ -35,7 +35,18 @@ import psycopg
 import psycopg.errors
 
 from perdure import errors
-from perdure.store import census, ledger, live, liveport, overview, port, rows, sqlfiles, surface
+from perdure.store import (
+    appschema,
+    census,
+    ledger,
+    live,
+    liveport,
+    overview,
+    port,
+    rows,
+    sqlfiles,
+    surface,
+)
 from perdure.store.postgres import connection, listener
 
 log = logging.getLogger("perdure.store.postgres")
@@ -61,6 +72,7 @@ class PostgresStore(
     live.LiveTransitions[Cursor],
     census.Census[Cursor],
     overview.Overview[Cursor],
+    appschema.AppSchema[Cursor],
 ):
     """The port on PostgreSQL (see the module docstring)."""
 
@@ -105,6 +117,12 @@ class PostgresStore(
 
     def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
         self._exec(cur, "notify", apps=sorted(set(apps)))
+
+    def _body_connection(self, cur: Cursor) -> Any:
+        return cur.connection
+
+    def _lock_app_schema(self, cur: Cursor, app: str) -> None:
+        self._exec(cur, "app_migrations_lock", app=app)
 
     def _announce(self, cur: Cursor, run_ids: Iterable[str]) -> None:
         self._exec(cur, "announce", run_ids=sorted(set(run_ids)))

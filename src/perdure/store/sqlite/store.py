@@ -27,7 +27,18 @@ from datetime import datetime
 from typing import Any
 
 from perdure import errors
-from perdure.store import census, ledger, live, liveport, overview, port, rows, sqlfiles, surface
+from perdure.store import (
+    appschema,
+    census,
+    ledger,
+    live,
+    liveport,
+    overview,
+    port,
+    rows,
+    sqlfiles,
+    surface,
+)
 from perdure.store.sqlite import connection, wakeup
 
 Row = sqlite3.Row
@@ -52,6 +63,7 @@ class SqliteStore(
     live.LiveTransitions[Cursor],
     census.Census[Cursor],
     overview.Overview[Cursor],
+    appschema.AppSchema[Cursor],
 ):
     """A :class:`port.Store` on one SQLite database file."""
 
@@ -117,6 +129,10 @@ class SqliteStore(
 
     def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
         cur.notify = True
+
+    def _body_connection(self, cur: Cursor) -> Any:
+        # BEGIN IMMEDIATE already holds the file's write lock: no other lock is needed.
+        return cur.conn
 
     def _announce(self, cur: Cursor, run_ids: Iterable[str]) -> None:
         cur.announce = True

@@ -918,3 +918,14 @@ WHERE parent_id = ANY(%(run_ids)s::text[])
   AND state NOT IN ('succeeded', 'failed', 'canceled')
   AND NOT cancel_requested
 ORDER BY run_id;
+
+-- name: app_migration_applied
+SELECT 1 AS applied FROM perdure.app_migrations WHERE app = %(app)s AND version = %(version)s;
+
+-- name: app_migration_record
+INSERT INTO perdure.app_migrations (app, version, applied_at)
+VALUES (%(app)s, %(version)s, coalesce(%(now)s::timestamptz, statement_timestamp()));
+
+-- name: app_migrations_lock
+-- Processes that start together apply each of an app's migrations once.
+SELECT pg_advisory_xact_lock(hashtext('perdure app migrations ' || %(app)s));

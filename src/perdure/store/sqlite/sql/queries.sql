@@ -743,3 +743,9 @@ WHERE parent_id IN (SELECT value FROM json_each(:run_ids))
   AND state NOT IN ('succeeded', 'failed', 'canceled')
   AND cancel_requested = 0
 ORDER BY run_id;
+
+-- name: app_migration_applied
+SELECT 1 AS applied FROM app_migrations WHERE app = :app AND version = :version;
+
+-- name: app_migration_record
+INSERT INTO app_migrations (app, version, applied_at) VALUES (:app, :version, :now);

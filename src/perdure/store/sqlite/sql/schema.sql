@@ -156,3 +156,11 @@ CREATE TABLE updates (
 
 -- Delivery order of one name, the order a run consumes them in.
 CREATE UNIQUE INDEX updates_order ON updates (run_id, name, sequence);
+
+-- The migrations of each app's own schema (@app.migration) applied so far.
+CREATE TABLE app_migrations (
+    app TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    applied_at INTEGER NOT NULL,
+    PRIMARY KEY (app, version)
+);
