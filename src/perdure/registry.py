@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from perdure import context, errors
+from perdure.store import scheduleport
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,6 +58,8 @@ class Registry(Protocol):
     def workflow_versions(self) -> list[tuple[str, str]]: ...
 
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]: ...
+
+    def schedule_specs(self) -> list[scheduleport.ScheduleSpec]: ...
 
 
 class Workflow(Generic[P, R]):

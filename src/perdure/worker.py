@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal
 
-from perdure import clockwatch, context, errors, keeper
+from perdure import clockwatch, context, errors, keeper, schedules
 from perdure import execution as execution_api
 from perdure import telemetry as telemetry_api
 from perdure.registry import Registry, WorkflowDef
@@ -143,6 +143,10 @@ class Worker:
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._next_wake: float | None = None
+        # When (monotonic) the app's schedules are evaluated next; None: at once.
+        self._next_tick: float | None = None
+        self._scheduled = bool(registry.schedule_specs())
+        self._schedules_saved = False
         self._started = False
 
     # -- lifecycle ------------------------------------------------------------
@@ -364,6 +368,9 @@ class Worker:
                     last_sweep = time.monotonic()
                     self.store.sweep()
                     self._prune()
+                    # Also picks up schedules paused or resumed elsewhere.
+                    self._next_tick = None
+                self._tick()
                 claimed = self.store.claim(
                     self.registry.name,
                     self.worker_id,
@@ -406,6 +413,24 @@ class Worker:
             log.info(
                 "worker %s: pruned %d runs that ended over %s ago", self.worker_id, pruned, kept
             )
+
+    def _tick(self) -> None:
+        """Start the runs of the schedules' due ticks, when one may be due."""
+        if not self._scheduled:
+            return
+        if self._next_tick is not None and time.monotonic() < self._next_tick:
+            return
+        if self._next_tick is None and not self._schedules_saved:
+            schedules.save(self.store, self.registry.name, self.registry.schedule_specs())
+            self._schedules_saved = True
+        due = schedules.evaluate(self.store, self.registry.name)
+        # Evaluated again at the next tick, and at every sweep in any case.
+        left = self.sweep_interval
+        if due is not None:
+            left = min(left, max(0.0, (due - self.store.now()).total_seconds()))
+        self._next_tick = time.monotonic() + left
+        if self._next_wake is None or self._next_tick < self._next_wake:
+            self._next_wake = self._next_tick
 
     def _watch_clock(self) -> None:
         """Read the store's clock when due; warn when it stepped forward."""

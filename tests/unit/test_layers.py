@@ -42,6 +42,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.pages",
             "perdure.store.retention",
             "perdure.store.liveport",
+            "perdure.store.scheduleport",
         }
     },
     {
@@ -56,6 +57,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.clockwatch",
             "perdure.otel",
             "perdure.signals",
+            "perdure.schedules",
         }
     },
     {

@@ -35,7 +35,18 @@ import psycopg
 import psycopg.errors
 
 from perdure import errors
-from perdure.store import census, ledger, live, liveport, overview, port, rows, sqlfiles, surface
+from perdure.store import (
+    census,
+    ledger,
+    live,
+    liveport,
+    overview,
+    port,
+    rows,
+    scheduling,
+    sqlfiles,
+    surface,
+)
 from perdure.store.postgres import connection, listener
 
 log = logging.getLogger("perdure.store.postgres")
@@ -58,6 +69,7 @@ class PostgresStore(
     connection.Connections,
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
+    scheduling.ScheduleTransitions[Cursor],
     live.LiveTransitions[Cursor],
     census.Census[Cursor],
     overview.Overview[Cursor],

@@ -27,7 +27,18 @@ from datetime import datetime
 from typing import Any
 
 from perdure import errors
-from perdure.store import census, ledger, live, liveport, overview, port, rows, sqlfiles, surface
+from perdure.store import (
+    census,
+    ledger,
+    live,
+    liveport,
+    overview,
+    port,
+    rows,
+    scheduling,
+    sqlfiles,
+    surface,
+)
 from perdure.store.sqlite import connection, wakeup
 
 Row = sqlite3.Row
@@ -49,6 +60,7 @@ class SqliteStore(
     connection.Connections,
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
+    scheduling.ScheduleTransitions[Cursor],
     live.LiveTransitions[Cursor],
     census.Census[Cursor],
     overview.Overview[Cursor],

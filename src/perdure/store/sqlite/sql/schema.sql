@@ -154,3 +154,23 @@ CREATE TABLE updates (
 
 -- Delivery order of one name, the order a run consumes them in.
 CREATE UNIQUE INDEX updates_order ON updates (run_id, name, sequence);
+
+-- Schedules: one row per schedule of an app (0008).
+CREATE TABLE schedules (
+    app TEXT NOT NULL,
+    name TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    version TEXT NOT NULL,
+    cron TEXT NOT NULL,
+    tz TEXT NOT NULL,
+    catch_up TEXT NOT NULL,
+    input TEXT NOT NULL,
+    tick_arg INTEGER NOT NULL,
+    paused INTEGER NOT NULL,
+    settled_until INTEGER NOT NULL,
+    last_tick INTEGER,
+    last_run_id TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (app, name)
+);
