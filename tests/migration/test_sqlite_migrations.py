@@ -68,6 +68,7 @@ def test_migrations_produce_schema_sql(tmp_path: Path) -> None:
         "messages",
         "tokens",
         "updates",
+        "schedules",
     }
     assert _objects(migrated) == expected
 

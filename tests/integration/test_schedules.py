@@ -1,0 +1,220 @@
+"""Schedules: one run per tick, catch_up after a gap, DST, pause/resume/trigger, bad input."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import perdure
+from perdure import errors
+from perdure.testing import Environment
+
+START = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def _app(**options: Any) -> tuple[perdure.App, list[datetime]]:
+    """An app whose workflow ``tick`` records each tick it runs for, on a schedule."""
+    app = perdure.App(name=f"sched_{uuid.uuid4().hex[:8]}")
+    seen: list[datetime] = []
+    cron = options.pop("cron", "0 * * * *")
+
+    @app.schedule(cron, **options)
+    @app.workflow()
+    def tick(ctx: perdure.Context, at: datetime) -> str:
+        seen.append(at)
+        return at.isoformat()
+
+    return app, seen
+
+
+def _ticks(app: perdure.App) -> list[datetime]:
+    """The tick of every run the app holds, oldest first (from the runs' results)."""
+    runs = app.runs(workflow="tick", limit=1000)
+    assert all(r.state == "succeeded" for r in runs), runs
+    return sorted(datetime.fromisoformat(r.result) for r in runs)
+
+
+def test_one_run_per_tick_over_several_ticks(store_url: str) -> None:
+    app, seen = _app()
+    with Environment(app, store=store_url, start=START) as env:
+        env.advance(timedelta(hours=5))
+        # Evaluating again at the same instant starts nothing new.
+        env.run_until_idle()
+        env.advance(0)
+        expected = [START + timedelta(hours=h) for h in range(1, 6)]
+        assert _ticks(app) == expected
+        assert sorted(seen) == expected
+        assert all(t.tzinfo is not None for t in seen)
+        [info] = app.schedules()
+        assert info.name == "tick" and info.last_tick == expected[-1]
+        assert info.next_tick == START + timedelta(hours=6)
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "started"),
+    [
+        ("none", []),
+        ("latest", [START + timedelta(hours=5)]),
+        ("all", [START + timedelta(hours=h) for h in range(1, 6)]),
+    ],
+)
+def test_catch_up_after_a_gap(store_url: str, catch_up: str, started: list[datetime]) -> None:
+    app, _ = _app(catch_up=catch_up)
+    with Environment(app, store=store_url, start=START) as env:
+        env.run_until_idle()  # a worker serves the app: the schedule's row is made
+        # No worker runs for five and a half hours.
+        env.clock.set(START + timedelta(hours=5, minutes=30))
+        env.run_until_idle()
+        assert _ticks(app) == started
+        # Then the ticks come on time again, whatever catch_up says.
+        env.advance(timedelta(hours=1))
+        assert _ticks(app) == [*started, START + timedelta(hours=6)]
+
+
+def test_catch_up_all_is_bounded_per_evaluation_and_goes_on(store_url: str) -> None:
+    app, _ = _app(cron="* * * * *", catch_up="all")
+    with Environment(app, store=store_url, start=START) as env:
+        env.run_until_idle()
+        env.clock.set(START + timedelta(minutes=250))
+        env.run_until_idle()
+        assert _ticks(app) == [START + timedelta(minutes=m) for m in range(1, 251)]
+
+
+def test_catch_up_none_starts_a_tick_evaluated_a_little_late(store_url: str) -> None:
+    app, _ = _app(catch_up="none")
+    with Environment(app, store=store_url, start=START) as env:
+        env.run_until_idle()
+        env.clock.set(START + timedelta(hours=1, seconds=20))
+        env.run_until_idle()
+        assert _ticks(app) == [START + timedelta(hours=1)]
+
+
+BERLIN = "Europe/Berlin"
+
+
+def test_spring_forward_a_daily_0230_job_runs_at_0300(store_url: str) -> None:
+    # 2030-03-31: Berlin's clocks jump from 02:00 to 03:00 (CET to CEST).
+    app, _ = _app(cron="30 2 * * *", tz=BERLIN)
+    with Environment(app, store=store_url, start=datetime(2030, 3, 29, 12, tzinfo=UTC)) as env:
+        env.advance(timedelta(days=3))
+        assert _ticks(app) == [
+            datetime(2030, 3, 30, 1, 30, tzinfo=UTC),  # 02:30 CET
+            datetime(2030, 3, 31, 1, 0, tzinfo=UTC),  # no 02:30 that day: 03:00 CEST
+            datetime(2030, 4, 1, 0, 30, tzinfo=UTC),  # 02:30 CEST
+        ]
+
+
+def test_fall_back_a_daily_0230_job_runs_once(store_url: str) -> None:
+    # 2030-10-27: Berlin's clocks go from 03:00 back to 02:00: 02:30 happens twice.
+    app, _ = _app(cron="30 2 * * *", tz=BERLIN)
+    with Environment(app, store=store_url, start=datetime(2030, 10, 25, 12, tzinfo=UTC)) as env:
+        env.advance(timedelta(days=3))
+        assert _ticks(app) == [
+            datetime(2030, 10, 26, 0, 30, tzinfo=UTC),  # 02:30 CEST
+            datetime(2030, 10, 27, 0, 30, tzinfo=UTC),  # the first 02:30 only
+            datetime(2030, 10, 28, 1, 30, tzinfo=UTC),  # 02:30 CET
+        ]
+
+
+def test_fall_back_an_hourly_job_runs_every_real_hour(store_url: str) -> None:
+    # A job with a wildcard hour runs on real hours: the repeated 02:xx hour too.
+    app, _ = _app(cron="15 * * * *", tz=BERLIN)
+    begin = datetime(2030, 10, 26, 23, tzinfo=UTC)  # 01:00 CEST on the 27th
+    with Environment(app, store=store_url, start=begin) as env:
+        env.advance(timedelta(hours=4))
+        assert _ticks(app) == [begin + timedelta(hours=h, minutes=15) for h in range(4)]
+
+
+def test_pause_resume_and_trigger(store_url: str) -> None:
+    app, _ = _app()
+    with Environment(app, store=store_url, start=START) as env:
+        env.advance(timedelta(hours=1))
+        assert app.pause_schedule("tick").paused
+        env.advance(timedelta(hours=3))
+        assert _ticks(app) == [START + timedelta(hours=1)]
+        assert app.schedules()[0].next_tick is None
+        # Two triggers, two runs, each with its instant as its tick.
+        first = app.trigger_schedule("tick")
+        second = app.trigger_schedule("tick")
+        assert first.run_id != second.run_id
+        env.run_until_idle()
+        assert first.result() == second.result() == env.now().isoformat()
+        # Resuming skips the ticks passed while paused.
+        env.clock.set(env.now() + timedelta(minutes=30))
+        resumed = app.resume_schedule("tick")
+        assert not resumed.paused and resumed.next_tick == START + timedelta(hours=5)
+        env.advance(timedelta(hours=1))
+        assert _ticks(app) == [START + timedelta(hours=h) for h in (1, 4, 4, 5)]
+
+
+def test_fixed_arguments_and_a_name(store_url: str) -> None:
+    app = perdure.App(name=f"sched_{uuid.uuid4().hex[:8]}")
+
+    @app.workflow()
+    def report(ctx: perdure.Context, region: str, top: int) -> str:
+        return f"{region}:{top}"
+
+    app.schedule("0 6 * * *", report, "eu", 3, name="eu_report", tz=BERLIN)
+    app.schedule("0 7 * * *", report, "us", 5, name="us_report", catch_up="all")
+    with Environment(app, store=store_url, start=START) as env:
+        env.advance(timedelta(days=1))
+        results = Counter(r.result for r in app.runs(workflow="report"))
+        assert results == {"eu:3": 1, "us:5": 1}
+        assert [s.name for s in app.schedules()] == ["eu_report", "us_report"]
+        keys = {r.key for r in app.runs(workflow="report")}
+        assert keys == {
+            "schedule:eu_report:2030-01-01T05:00:00+00:00",
+            "schedule:us_report:2030-01-01T07:00:00+00:00",
+        }
+
+
+@pytest.mark.parametrize(
+    ("cron", "tz", "words"),
+    [
+        ("61 * * * *", "UTC", "bad cron expression '61 * * * *'"),
+        ("every day", "UTC", "bad cron expression"),
+        ("* * *", "UTC", "five fields"),
+        ("0 6 * * *", "Mars/Olympus", "unknown time zone 'Mars/Olympus'"),
+        ("0 6 * * *", "", "time zone name"),
+    ],
+)
+def test_bad_cron_or_tz_is_refused_at_registration(cron: str, tz: str, words: str) -> None:
+    app = perdure.App(name="bad_sched")
+    with pytest.raises(errors.InvalidInput) as caught:
+
+        @app.schedule(cron, tz=tz)
+        @app.workflow()
+        def job(ctx: perdure.Context, at: datetime) -> None: ...
+
+    assert words in str(caught.value)
+    assert caught.value.code == "invalid_input"
+
+
+def test_registration_refusals() -> None:
+    app = perdure.App(name="bad_sched")
+
+    @app.schedule("0 6 * * *")
+    @app.workflow()
+    def job(ctx: perdure.Context, at: datetime) -> None: ...
+
+    with pytest.raises(errors.InvalidInput, match="declared twice"):
+        app.schedule("0 7 * * *", job)
+    with pytest.raises(errors.InvalidInput, match="catch_up must be one of"):
+        app.schedule("0 7 * * *", job, name="other", catch_up="some")  # type: ignore[call-overload]
+
+    @app.workflow()
+    def two(ctx: perdure.Context, a: int, b: int) -> None: ...
+
+    with pytest.raises(errors.InvalidInput, match="takes 2 arguments"):
+        app.schedule("0 6 * * *")(two)
+    with pytest.raises(errors.InvalidInput, match="bad arguments"):
+        app.schedule("0 6 * * *", two, 1)
+    with pytest.raises(errors.InvalidInput, match="above @app.workflow"):
+        app.schedule("0 6 * * *", name="raw")(lambda ctx, at: None)  # type: ignore[arg-type]
+    with pytest.raises(errors.InvalidInput, match="no schedule named"):
+        with Environment(app):
+            app.pause_schedule("nope")
