@@ -213,8 +213,7 @@ def test_registration_refusals() -> None:
         app.schedule("0 6 * * *")(two)
     with pytest.raises(errors.InvalidInput, match="bad arguments"):
         app.schedule("0 6 * * *", two, 1)
-    with pytest.raises(errors.InvalidInput, match="above @app.workflow"):
+    with pytest.raises(errors.InvalidInput, match=r"above @app\.workflow"):
         app.schedule("0 6 * * *", name="raw")(lambda ctx, at: None)  # type: ignore[arg-type]
-    with pytest.raises(errors.InvalidInput, match="no schedule named"):
-        with Environment(app):
-            app.pause_schedule("nope")
+    with pytest.raises(errors.InvalidInput, match="no schedule named"), Environment(app):
+        app.pause_schedule("nope")
