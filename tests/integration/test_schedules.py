@@ -214,6 +214,6 @@ def test_registration_refusals() -> None:
     with pytest.raises(errors.InvalidInput, match="bad arguments"):
         app.schedule("0 6 * * *", two, 1)
     with pytest.raises(errors.InvalidInput, match=r"above @app\.workflow"):
-        app.schedule("0 6 * * *", name="raw")(lambda ctx, at: None)  # type: ignore[arg-type]
+        app.schedule("0 6 * * *", name="raw")(lambda ctx, at: None)  # type: ignore[type-var]
     with pytest.raises(errors.InvalidInput, match="no schedule named"), Environment(app):
         app.pause_schedule("nope")
