@@ -402,6 +402,7 @@ class App:
                 upcoming = schedules.next_tick(declared.cron, declared.tz, now)
                 found.append(
                     records.ScheduleInfo(
+                        self.name,
                         declared.name,
                         declared.workflow,
                         declared.cron,

@@ -155,6 +155,7 @@ class ScheduleInfo:
     ``next_tick`` is None while the schedule is paused.
     """
 
+    app: str
     name: str
     workflow: str
     cron: str

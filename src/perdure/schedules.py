@@ -274,6 +274,7 @@ def info(record: scheduleport.ScheduleRecord, now: datetime) -> records.Schedule
     except errors.InvalidInput:
         upcoming = None
     return records.ScheduleInfo(
+        app=record.app,
         name=record.name,
         workflow=record.workflow,
         cron=record.cron,
