@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 import perdure
-from perdure import errors
+from perdure import cli, errors
 from perdure.testing import Environment
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -217,3 +219,50 @@ def test_registration_refusals() -> None:
         app.schedule("0 6 * * *", name="raw")(lambda ctx, at: None)  # type: ignore[type-var]
     with pytest.raises(errors.InvalidInput, match="no schedule named"), Environment(app):
         app.pause_schedule("nope")
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(cli.cli, list(args))
+
+
+def test_command_line_lists_pauses_resumes_and_triggers(store_url: str) -> None:
+    app, _ = _app(tz=BERLIN)
+    with Environment(app, store=store_url, start=START) as env:
+        env.advance(timedelta(hours=2))
+        listed = _cli("schedules", "--store", store_url, "--json")
+        assert listed.exit_code == 0, listed.output
+        [doc] = json.loads(listed.output)
+        assert doc["name"] == "tick" and doc["workflow"] == "tick" and doc["app"] == app.name
+        assert (doc["cron"], doc["tz"], doc["catch_up"], doc["paused"]) == (
+            "0 * * * *",
+            BERLIN,
+            "latest",
+            False,
+        )
+        assert doc["last_tick"] == "2030-01-01T02:00:00+00:00"
+        # The command reads the store's own clock (not the test's fake one).
+        upcoming = datetime.fromisoformat(doc["next_tick"])
+        assert upcoming > datetime.now(UTC) and (upcoming.minute, upcoming.second) == (0, 0)
+        table = _cli("schedules", "--store", store_url, "--app", app.name)
+        assert table.exit_code == 0 and "NEXT" in table.output
+        assert "2030-01-01 02:00:00Z" in table.output
+
+        on = ["--store", store_url, "--app", app.name]
+        paused = _cli("schedules", "pause", "tick", *on, "--json")
+        assert paused.exit_code == 0 and json.loads(paused.output)["paused"] is True
+        env.advance(timedelta(hours=2))
+        assert _ticks(app) == [START + timedelta(hours=h) for h in (1, 2)]
+        runs = [_cli("schedules", "trigger", "tick", *on) for _ in range(2)]
+        assert [r.exit_code for r in runs] == [0, 0]
+        triggered = {r.output.strip() for r in runs}
+        assert len(triggered) == 2
+        env.run_until_idle()
+        assert {app.get(run_id).state for run_id in triggered} == {"succeeded"}
+        resumed = _cli("schedules", "resume", "tick", *on, "--json")
+        assert resumed.exit_code == 0 and json.loads(resumed.output)["paused"] is False
+
+        unknown = _cli("schedules", "pause", "nope", *on)
+        assert unknown.exit_code == 2
+        assert "no schedule named 'nope'" in unknown.output
+        no_app = _cli("schedules", "trigger", "tick", "--store", store_url)
+        assert no_app.exit_code == 2 and "--app NAME" in no_app.output
