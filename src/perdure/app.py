@@ -623,9 +623,13 @@ class App:
         if not self._store_given and self.clock is None:
             options.setdefault("store_url", self.url or default_url())
         options.setdefault("telemetry", self.telemetry)
-        return worker_api.Worker(
+        made = worker_api.Worker(
             self, store, concurrency=concurrency, lease_ttl=ttl, heartbeat=beat, **options
         )
+        if callable(subscribe):
+            # Its schedules' next tick is judged by the store's clock, which just moved.
+            subscribe(made.clock_moved)
+        return made
 
 
 def _wrap(fn: F, opts: effects.StepOptions, *, transactional: bool) -> F:

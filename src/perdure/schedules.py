@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 import zoneinfo
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -209,18 +209,21 @@ def _evaluate(
     return next_tick(record.cron, record.tz, max(now, record.settled_until))
 
 
-def evaluate(store: port.Store, app: str, *, limit: int = ALL_BATCH) -> datetime | None:
-    """Start the runs of the app's due ticks; return the instant the next tick falls due.
+def evaluate(
+    store: port.Store, app: str, names: Collection[str], *, limit: int = ALL_BATCH
+) -> datetime | None:
+    """Start the runs of due ticks of the app's schedules ``names``; return when one is due next.
 
+    Only the schedules the caller's code declares are evaluated: a schedule
+    removed from the code keeps its row (and is listed) but no longer ticks.
     A schedule whose row cannot be evaluated (a time zone this host does not
-    know, cron text this version cannot read) is logged and skipped; the
-    others go on.
+    know) is logged and skipped; the others go on.
     """
     saved = _schedule_store(store)
     now = store.now()
     soonest: datetime | None = None
     for record in saved.list_schedules(app):
-        if record.paused:
+        if record.paused or record.name not in names:
             continue
         try:
             due = _evaluate(store, record, now, limit)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +15,7 @@ from click.testing import CliRunner
 
 import perdure
 from perdure import cli, errors
-from perdure.testing import Environment
+from perdure.testing import Environment, FakeClock
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -31,6 +33,13 @@ def _app(**options: Any) -> tuple[perdure.App, list[datetime]]:
         return at.isoformat()
 
     return app, seen
+
+
+def _until(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def _ticks(app: perdure.App) -> list[datetime]:
@@ -266,3 +275,45 @@ def test_command_line_lists_pauses_resumes_and_triggers(store_url: str) -> None:
         assert "no schedule named 'nope'" in unknown.output
         no_app = _cli("schedules", "trigger", "tick", "--store", store_url)
         assert no_app.exit_code == 2 and "--app NAME" in no_app.output
+
+
+def test_a_worker_on_a_fake_clock_starts_the_ticks(store_url: str) -> None:
+    clock = FakeClock(START)
+    app = perdure.App(store_url, name=f"sched_{uuid.uuid4().hex[:8]}", clock=clock)
+
+    @app.schedule("0 * * * *")
+    @app.workflow()
+    def tick(ctx: perdure.Context, at: datetime) -> str:
+        return at.isoformat()
+
+    def ended(count: int) -> bool:
+        runs = app.runs(workflow="tick")
+        return len(runs) == count and all(r.state == "succeeded" for r in runs)
+
+    with app.worker(concurrency=2, liveness="thread", poll_interval=0.05) as worker:
+        _until(lambda: worker._schedules_saved)
+        for hour in range(1, 4):
+            clock.set(START + timedelta(hours=hour, seconds=5))
+            _until(lambda h=hour: ended(h))  # type: ignore[misc]
+    app.close()
+    assert _ticks(app) == [START + timedelta(hours=h) for h in range(1, 4)]
+
+
+def test_a_schedule_removed_from_the_code_stops_ticking(store_url: str) -> None:
+    app = perdure.App(name=f"sched_{uuid.uuid4().hex[:8]}")
+
+    @app.workflow()
+    def tick(ctx: perdure.Context, at: datetime) -> str:
+        return at.isoformat()
+
+    app.schedule("0 * * * *", name="hourly")(tick)
+    with Environment(app, store=store_url, start=START) as env:
+        env.advance(timedelta(hours=1))
+        # The next deploy declares another schedule instead.
+        app._schedules.clear()
+        app.schedule("30 * * * *", name="half")(tick)
+        env.advance(timedelta(hours=2))
+        # The old one is still listed (its row stays) but starts no run.
+        assert {s.name for s in app.schedules()} == {"hourly", "half"}
+        minutes = [(1, 0), (1, 30), (2, 30)]
+        assert _ticks(app) == [START + timedelta(hours=h, minutes=m) for h, m in minutes]

@@ -36,7 +36,7 @@ from typing import Any
 from perdure import app as app_api
 from perdure import client as client_api
 from perdure import context, execution, registry, schedules, telemetry
-from perdure.store import open_store, port
+from perdure.store import open_store, port, scheduleport
 from perdure.testing import clock as clocks
 
 # Long enough that a lease never lapses while a run executes in the calling
@@ -126,7 +126,7 @@ class Environment:
         )
         self.worker_id = f"perdure-env-{os.getpid()}"
         self._url = store
-        self._schedules_saved = False
+        self._schedules_saved: list[scheduleport.ScheduleSpec] = []
         self._stack: contextlib.ExitStack | None = None
         self._store: port.Store | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -170,7 +170,7 @@ class Environment:
         A later use opens a fresh, empty environment store again.
         """
         stack, self._stack, self._store = self._stack, None, None
-        self._schedules_saved = False
+        self._schedules_saved = []
         if stack is not None:
             stack.close()
         loop, self._loop = self._loop, None
@@ -255,9 +255,10 @@ class Environment:
         store = self.store
         instants = [t.due for t in store.timers(self.app.name)]
         instants += [w.deadline for w in store.waits(self.app.name) if w.deadline is not None]
-        if self.app.schedule_specs():
+        declared = {s.name for s in self.app.schedule_specs()}
+        if declared:
             for record in schedules.listing(store, self.app.name):
-                if record.next_tick is not None:
+                if record.name in declared and record.next_tick is not None:
                     instants.append(record.next_tick)
         return min((i for i in instants if i > after), default=None)
 
@@ -266,13 +267,14 @@ class Environment:
         specs = self.app.schedule_specs()
         if not specs:
             return False
-        if not self._schedules_saved:
+        # Saved again when the app declares others, as a worker of a new deploy does.
+        if specs != self._schedules_saved:
             schedules.save(store, self.app.name, specs)
-            self._schedules_saved = True
+            self._schedules_saved = specs
         before = [s.last_tick for s in schedules.listing(store, self.app.name)]
         # catch_up="all" starts a bounded batch per evaluation: repeat while due now.
         while True:
-            due = schedules.evaluate(store, self.app.name)
+            due = schedules.evaluate(store, self.app.name, {s.name for s in specs})
             if due is None or due > self.clock.now():
                 break
         return before != [s.last_tick for s in schedules.listing(store, self.app.name)]
