@@ -267,7 +267,7 @@ def test_command_line_lists_pauses_resumes_and_triggers(store_url: str) -> None:
         assert len(triggered) == 2
         env.run_until_idle()
         assert {app.get(run_id).state for run_id in triggered} == {"succeeded"}
-        resumed = _cli("schedules", "resume", "tick", *on, "--json")
+        resumed = _cli("schedules", *on, "--json", "resume", "tick")
         assert resumed.exit_code == 0 and json.loads(resumed.output)["paused"] is False
 
         unknown = _cli("schedules", "pause", "nope", *on)

@@ -30,6 +30,18 @@ def _doc(info: records.ScheduleInfo) -> dict[str, Any]:
     }
 
 
+def _given(
+    app_name: str | None, store_url: str | None, as_json: bool
+) -> tuple[str, str | None, bool]:
+    """Return the app, store and --json of a subcommand, those of the group filling gaps."""
+    up: dict[str, Any] = click.get_current_context().find_object(dict) or {}
+    return (
+        _app(app_name or up.get("app_name")),
+        store_url or up.get("store_url"),
+        as_json or bool(up.get("as_json")),
+    )
+
+
 def _app(app_name: str | None) -> str:
     name = app_name or os.environ.get("PERDURE_APP")
     if not name:
@@ -59,6 +71,8 @@ def schedules_(
     With a subcommand, pause, resume or trigger one schedule by name.
     """
     if ctx.invoked_subcommand is not None:
+        # `perdure schedules --app A pause NAME` means what `pause NAME --app A` does.
+        ctx.obj = {"app_name": app_name, "store_url": store_url, "as_json": as_json}
         return
     name = app_name or os.environ.get("PERDURE_APP") or None
     with common.opened(store_url) as store:
@@ -90,7 +104,7 @@ def schedules_(
 def _change(
     name: str, app_name: str | None, store_url: str | None, as_json: bool, paused: bool
 ) -> None:
-    app = _app(app_name)
+    app, store_url, as_json = _given(app_name, store_url, as_json)
     with common.opened(store_url) as store:
         info = schedules.info(schedules.pause(store, app, name, paused), store.now())
     if as_json:
@@ -124,7 +138,7 @@ def resume(name: str, app_name: str | None, store_url: str | None, as_json: bool
 @common.options
 def trigger(name: str, app_name: str | None, store_url: str | None, as_json: bool) -> None:
     """Start one run of the schedule now, with this instant as its tick (each call, a run)."""
-    app = _app(app_name)
+    app, store_url, as_json = _given(app_name, store_url, as_json)
     with common.opened(store_url) as store:
         run = schedules.trigger(store, app, name)
     if as_json:
