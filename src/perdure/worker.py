@@ -22,6 +22,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal
@@ -30,7 +31,7 @@ from perdure import clockwatch, context, errors, keeper, schedules
 from perdure import execution as execution_api
 from perdure import telemetry as telemetry_api
 from perdure.registry import Registry, WorkflowDef
-from perdure.store import port, retention
+from perdure.store import port, retention, scheduleport
 
 log = logging.getLogger("perdure.worker")
 
@@ -146,7 +147,11 @@ class Worker:
         # When (monotonic) the app's schedules are evaluated next; None: at once
         # (a test clock that moves sets it so, see clock_moved).
         self._next_tick: float | None = None
-        self._scheduled = bool(registry.schedule_specs())
+        # A registry written before schedules existed declares none.
+        self._schedule_specs: Callable[[], list[scheduleport.ScheduleSpec]] = getattr(
+            registry, "schedule_specs", list
+        )
+        self._scheduled = bool(self._schedule_specs())
         self._schedules_saved = False
         self._started = False
 
@@ -432,7 +437,7 @@ class Worker:
             return
         if self._next_tick is not None and time.monotonic() < self._next_tick:
             return
-        specs = self.registry.schedule_specs()
+        specs = self._schedule_specs()
         if not self._schedules_saved:
             schedules.save(self.store, self.registry.name, specs)
             self._schedules_saved = True
