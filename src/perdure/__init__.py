@@ -49,7 +49,16 @@ from perdure.errors import (
 )
 from perdure.live import RunView
 from perdure.ready import Ready
-from perdure.records import Message, Provenance, Receipt, RunInfo, StepAttempt, Update, Wait
+from perdure.records import (
+    Message,
+    Provenance,
+    Receipt,
+    RunInfo,
+    ScheduleInfo,
+    StepAttempt,
+    Update,
+    Wait,
+)
 from perdure.registry import Workflow
 from perdure.worker import Worker
 
@@ -94,6 +103,7 @@ __all__ = [
     "RunNotFinished",
     "RunNotFound",
     "RunView",
+    "ScheduleInfo",
     "SchemaTooNew",
     "StaleClaim",
     "StepAttempt",

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 from perdure import client as client_api
-from perdure import codec, context, effects, errors, registry
+from perdure import codec, context, effects, errors, registry, schedules, timetable
 from perdure import telemetry as telemetry_api
 from perdure import worker as worker_api
 from perdure.store import DEFAULT_LEDGER_LIMIT, default_url, open_store, port
@@ -51,7 +51,7 @@ class _ClientCall(Generic[P, R]):
         return cast(Callable[P, R], types.MethodType(self._call, app.client))
 
 
-class App:
+class App(timetable.Timetable):
     """A named set of workflows and steps bound to one store.
 
     The store is opened on first use, so importing a module that defines an
@@ -98,6 +98,7 @@ class App:
         self._workflows: dict[str, registry.WorkflowDef] = {}
         # The app's own schema in the store's database (see migration()).
         self._migrations: dict[int, Callable[[Any], object]] = {}
+        self._schedules: dict[str, schedules.Schedule] = {}
         self._store: port.Store | None = None if isinstance(store, str | None) else store
         self._store_given = self._store is not None
         self._client: client_api.Client | None = None
@@ -540,9 +541,13 @@ class App:
         if not self._store_given and self.clock is None:
             options.setdefault("store_url", self.url or default_url())
         options.setdefault("telemetry", self.telemetry)
-        return worker_api.Worker(
+        made = worker_api.Worker(
             self, store, concurrency=concurrency, lease_ttl=ttl, heartbeat=beat, **options
         )
+        if callable(subscribe):
+            # Its schedules' next tick is judged by the store's clock, which just moved.
+            subscribe(made.clock_moved)
+        return made
 
 
 def _wrap(fn: F, opts: effects.StepOptions, *, transactional: bool) -> F:

@@ -145,3 +145,23 @@ class StepAttempt:
     message: str
     traceback: str | None
     duration: float | None
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """A schedule as the store holds it, with its next tick.
+
+    ``last_tick`` is the latest tick whose run was started (``last_run_id``);
+    ``next_tick`` is None while the schedule is paused.
+    """
+
+    app: str
+    name: str
+    workflow: str
+    cron: str
+    tz: str
+    catch_up: str
+    paused: bool
+    last_tick: datetime | None
+    last_run_id: str | None
+    next_tick: datetime | None

@@ -29,6 +29,7 @@ from typing import (
 )
 
 from perdure import codec, context, errors
+from perdure.store import scheduleport
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -136,6 +137,8 @@ class Registry(Protocol):
     def workflow_versions(self) -> list[tuple[str, str]]: ...
 
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]: ...
+
+    def schedule_specs(self) -> list[scheduleport.ScheduleSpec]: ...
 
 
 class Workflow(Generic[P, R]):

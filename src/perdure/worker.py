@@ -22,15 +22,16 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal
 
-from perdure import clockwatch, context, errors, keeper
+from perdure import clockwatch, context, errors, keeper, schedules
 from perdure import execution as execution_api
 from perdure import telemetry as telemetry_api
 from perdure.registry import Registry, WorkflowDef
-from perdure.store import port, retention
+from perdure.store import port, retention, scheduleport
 
 log = logging.getLogger("perdure.worker")
 
@@ -143,6 +144,15 @@ class Worker:
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._next_wake: float | None = None
+        # When (monotonic) the app's schedules are evaluated next; None: at once
+        # (a test clock that moves sets it so, see clock_moved).
+        self._next_tick: float | None = None
+        # A registry written before schedules existed declares none.
+        self._schedule_specs: Callable[[], list[scheduleport.ScheduleSpec]] = getattr(
+            registry, "schedule_specs", list
+        )
+        self._scheduled = bool(self._schedule_specs())
+        self._schedules_saved = False
         self._started = False
 
     # -- lifecycle ------------------------------------------------------------
@@ -354,6 +364,8 @@ class Worker:
                 # The claim below meets the same outage and says so; until a
                 # reading succeeds, claims are bounded by the last one.
                 log.debug("worker %s: cannot read the store's clock: %s", self.worker_id, exc)
+            # Before the slots are counted: starting a tick's run takes no slot.
+            self._tick_safely()
             free = self.concurrency - len(self._active)
             if free <= 0:
                 self._slot_freed.wait(self.poll_interval)
@@ -406,6 +418,38 @@ class Worker:
             log.info(
                 "worker %s: pruned %d runs that ended over %s ago", self.worker_id, pruned, kept
             )
+
+    def clock_moved(self) -> None:
+        """Evaluate the schedules at the next turn of the claim loop: a test clock moved."""
+        self._next_tick = None
+
+    def _tick_safely(self) -> None:
+        """Evaluate the schedules; a failure is logged and retried, and never stops claims."""
+        try:
+            self._tick()
+        except Exception as exc:
+            self._next_tick = time.monotonic() + self.poll_interval
+            log.warning("worker %s: cannot evaluate the schedules: %s", self.worker_id, exc)
+
+    def _tick(self) -> None:
+        """Start the runs of the schedules' due ticks, when one may be due."""
+        if not self._scheduled:
+            return
+        if self._next_tick is not None and time.monotonic() < self._next_tick:
+            return
+        specs = self._schedule_specs()
+        if not self._schedules_saved:
+            schedules.save(self.store, self.registry.name, specs)
+            self._schedules_saved = True
+        due = schedules.evaluate(self.store, self.registry.name, {s.name for s in specs})
+        # Evaluated again at the next tick, and at least every sweep interval,
+        # which picks up schedules paused or resumed elsewhere.
+        left = self.sweep_interval
+        if due is not None:
+            left = min(left, max(0.0, (due - self.store.now()).total_seconds()))
+        self._next_tick = time.monotonic() + left
+        if self._next_wake is None or self._next_tick < self._next_wake:
+            self._next_wake = self._next_tick
 
     def _watch_clock(self) -> None:
         """Read the store's clock when due; warn when it stepped forward."""

@@ -8,10 +8,12 @@ ever goes away.
 from __future__ import annotations
 
 from collections.abc import Coroutine
+from datetime import datetime
 from typing import Any, assert_type
 
 import perdure
 from perdure.registry import AsyncWorkflow, SyncWorkflow
+from perdure.schedules import Schedule
 
 app = perdure.App("sqlite:///typing.db", name="typing")
 
@@ -107,3 +109,18 @@ async def awaits(ctx: perdure.Context) -> str:
     assert_type(asked, perdure.Update)
     child = await ctx.start_child(bare, 3).result()
     return f"{payload}{note.key}{asked.update_id}{child}"
+
+
+# A schedule stacked on a workflow keeps its type; the function form returns the declaration.
+@app.schedule("0 6 * * *", tz="Europe/Berlin", catch_up="all")
+@app.workflow()
+def morning(ctx: perdure.Context, tick: datetime) -> int:
+    return tick.hour
+
+
+morning_typed: SyncWorkflow[[datetime], int] = morning
+assert_type(app.start(morning, datetime.now()), perdure.RunHandle[int])
+assert_type(app.schedule("15 * * * *", checkout, "o-1", name="hourly_checkout"), Schedule)
+assert_type(app.trigger_schedule("morning"), perdure.RunHandle[Any])
+assert_type(app.schedules(), list[perdure.ScheduleInfo])
+app.schedule("0 6 * * *", catch_up="sometimes")  # type: ignore[call-overload]

@@ -42,6 +42,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.pages",
             "perdure.store.retention",
             "perdure.store.liveport",
+            "perdure.store.scheduleport",
         }
     },
     {
@@ -56,6 +57,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.clockwatch",
             "perdure.otel",
             "perdure.signals",
+            "perdure.schedules",
         }
     },
     {
@@ -70,7 +72,7 @@ LAYERS: list[dict[str, set[str]]] = [
         "check": {"perdure.check"},
     },
     {"worker": {"perdure.worker"}},
-    {"app": {"perdure.app"}},
+    {"app": {"perdure.app", "perdure.timetable"}},
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},
     # The console command serves the web package: web sits below the command line.
     {"web": {"perdure.web"}},

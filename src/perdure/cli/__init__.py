@@ -3,7 +3,8 @@
 One module per command group: ``workers`` (worker), ``runs`` (start, runs,
 show), ``signals`` (signal, send, waits, resume), ``live`` (update, query,
 events, stream), ``operators`` (cancel, resolve, fork), ``retention``
-(prune), ``migrate``, ``demo``, ``deploys`` (check), ``tokens`` and
+(prune), ``schedules`` (schedules, pause, resume, trigger), ``migrate``,
+``demo``, ``deploys`` (check), ``tokens`` and
 ``console`` (the web console, an optional extra); ``common`` and ``output``
 hold what they share. Only ``worker``, ``start``, ``check`` and ``query``
 (and ``update --validate``) import user code (``MODULE:APP``), and ``runs``
@@ -34,6 +35,7 @@ from perdure.cli import (
     output,
     retention,
     runs,
+    schedules,
     signals,
     tokens,
     workers,
@@ -68,6 +70,7 @@ for command in (
     operators.resolve,
     operators.fork,
     retention.prune,
+    schedules.schedules_,
     migrate.migrate,
     demo.demo,
     tokens.tokens,

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast, get_args
 
 from perdure import errors
-from perdure.store import liveport, port
+from perdure.store import liveport, port, scheduleport
 
 ENTRY_STATUSES: frozenset[str] = frozenset(get_args(port.EntryStatus))
 OUTCOME_KINDS: frozenset[str] = frozenset(get_args(port.OutcomeKind))
@@ -40,6 +40,8 @@ _COLUMNS = {
     "message": "run_id channel key sequence payload at",
     "token": "token_id app scope digest created_at expires_at revoked_at",
     "update": "run_id update_id name sequence payload state response at settled_at",
+    "schedule": "app name workflow version cron tz catch_up input tick_arg paused "
+    "settled_until last_tick last_run_id created_at updated_at",
 }
 
 INVARIANTS: dict[str, str] = {
@@ -328,6 +330,28 @@ class Reader:
             response=response,
             at=c.instant("at"),
             settled_at=c.opt_instant("settled_at"),
+        )
+
+    def schedule(self, row: Row) -> scheduleport.ScheduleRecord:
+        """Return the :class:`scheduleport.ScheduleRecord` of a ``schedules`` row."""
+        c = self._columns("schedule", row)
+        catch_up = cast(scheduleport.CatchUp, c.choice("catch_up", scheduleport.CATCH_UPS))
+        return scheduleport.ScheduleRecord(
+            app=c.text("app"),
+            name=c.text("name"),
+            workflow=c.text("workflow"),
+            version=c.text("version"),
+            cron=c.text("cron"),
+            tz=c.text("tz"),
+            catch_up=catch_up,
+            input=c.text("input"),
+            tick_arg=c.flag("tick_arg"),
+            paused=c.flag("paused"),
+            settled_until=c.instant("settled_until"),
+            last_tick=c.opt_instant("last_tick"),
+            last_run_id=c.opt_text("last_run_id"),
+            created_at=c.instant("created_at"),
+            updated_at=c.instant("updated_at"),
         )
 
 

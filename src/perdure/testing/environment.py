@@ -35,8 +35,8 @@ from typing import Any
 
 from perdure import app as app_api
 from perdure import client as client_api
-from perdure import context, execution, registry, telemetry
-from perdure.store import open_store, port
+from perdure import context, execution, registry, schedules, telemetry
+from perdure.store import open_store, port, scheduleport
 from perdure.testing import clock as clocks
 
 # Long enough that a lease never lapses while a run executes in the calling
@@ -126,6 +126,7 @@ class Environment:
         )
         self.worker_id = f"perdure-env-{os.getpid()}"
         self._url = store
+        self._schedules_saved: list[scheduleport.ScheduleSpec] = []
         self._stack: contextlib.ExitStack | None = None
         self._store: port.Store | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -170,6 +171,7 @@ class Environment:
         A later use opens a fresh, empty environment store again.
         """
         stack, self._stack, self._store = self._stack, None, None
+        self._schedules_saved = []
         if stack is not None:
             stack.close()
         loop, self._loop = self._loop, None
@@ -208,6 +210,7 @@ class Environment:
         """
         store = self.store
         ran = 0
+        self._tick(store)
         while True:
             claimed = store.claim(
                 self.app.name,
@@ -217,6 +220,8 @@ class Environment:
                 limit=1,
             )
             if not claimed:
+                if self._tick(store):
+                    continue
                 return ran
             execution.Execution(_Host(self, store), claimed[0]).run()
             ran += 1
@@ -251,7 +256,29 @@ class Environment:
         store = self.store
         instants = [t.due for t in store.timers(self.app.name)]
         instants += [w.deadline for w in store.waits(self.app.name) if w.deadline is not None]
+        declared = {s.name for s in self.app.schedule_specs()}
+        if declared:
+            for record in schedules.listing(store, self.app.name):
+                if record.name in declared and record.next_tick is not None:
+                    instants.append(record.next_tick)
         return min((i for i in instants if i > after), default=None)
+
+    def _tick(self, store: port.Store) -> bool:
+        """Start the runs of the app's due schedule ticks; return whether it started any."""
+        specs = self.app.schedule_specs()
+        if not specs:
+            return False
+        # Saved again when the app declares others, as a worker of a new deploy does.
+        if specs != self._schedules_saved:
+            schedules.save(store, self.app.name, specs)
+            self._schedules_saved = specs
+        before = [s.last_tick for s in schedules.listing(store, self.app.name)]
+        # catch_up="all" starts a bounded batch per evaluation: repeat while due now.
+        while True:
+            due = schedules.evaluate(store, self.app.name, {s.name for s in specs})
+            if due is None or due > self.clock.now():
+                break
+        return before != [s.last_tick for s in schedules.listing(store, self.app.name)]
 
     def now(self) -> datetime:
         """Return the fake clock's instant."""

@@ -44,6 +44,7 @@ from perdure.store import (
     overview,
     port,
     rows,
+    scheduling,
     sqlfiles,
     surface,
 )
@@ -69,6 +70,7 @@ class PostgresStore(
     connection.Connections,
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
+    scheduling.ScheduleTransitions[Cursor],
     live.LiveTransitions[Cursor],
     census.Census[Cursor],
     overview.Overview[Cursor],

@@ -36,6 +36,7 @@ from perdure.store import (
     overview,
     port,
     rows,
+    scheduling,
     sqlfiles,
     surface,
 )
@@ -60,6 +61,7 @@ class SqliteStore(
     connection.Connections,
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
+    scheduling.ScheduleTransitions[Cursor],
     live.LiveTransitions[Cursor],
     census.Census[Cursor],
     overview.Overview[Cursor],

@@ -67,6 +67,7 @@ from perdure.testing.conformance.operators import OperatorTests
 from perdure.testing.conformance.overview import OverviewTests
 from perdure.testing.conformance.retention import RetentionTests
 from perdure.testing.conformance.runs import RunTests
+from perdure.testing.conformance.schedules import ScheduleTests
 from perdure.testing.conformance.surface import PageTests, TokenTests
 from perdure.testing.conformance.sweep import SweepTests
 from perdure.testing.conformance.waits import WaitTests
@@ -95,6 +96,7 @@ class StoreConformance(
     TokenTests,
     PageTests,
     RetentionTests,
+    ScheduleTests,
     LiveTests,
     CensusTests,
     OverviewTests,

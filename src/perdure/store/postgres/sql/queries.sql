@@ -929,3 +929,51 @@ VALUES (%(app)s, %(version)s, coalesce(%(now)s::timestamptz, statement_timestamp
 -- name: app_migrations_lock
 -- Processes that start together apply each of an app's migrations once.
 SELECT pg_advisory_xact_lock(hashtext('perdure app migrations ' || %(app)s));
+-- == schedules (perdure.store.scheduleport) ==================================
+
+-- name: save_schedule
+-- A new row is settled until now; an existing one keeps its state.
+INSERT INTO perdure.schedules (
+    app, name, workflow, version, cron, tz, catch_up, input, tick_arg,
+    paused, settled_until, created_at, updated_at
+)
+SELECT %(app)s, %(name)s, %(workflow)s, %(version)s, %(cron)s, %(tz)s, %(catch_up)s,
+       %(input)s, %(tick_arg)s, false, c.at, c.at, c.at
+FROM (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS at) AS c
+ON CONFLICT (app, name) DO UPDATE SET
+    workflow = excluded.workflow, version = excluded.version, cron = excluded.cron,
+    tz = excluded.tz, catch_up = excluded.catch_up, input = excluded.input,
+    tick_arg = excluded.tick_arg, updated_at = excluded.updated_at
+RETURNING *;
+
+-- name: list_schedules
+SELECT * FROM perdure.schedules
+WHERE (%(app)s::text IS NULL OR app = %(app)s::text)
+ORDER BY app, name;
+
+-- name: settle_schedule
+-- Only forward: two workers settling the same tick leave one answer.
+UPDATE perdure.schedules SET
+    settled_until = greatest(settled_until, %(through)s::timestamptz),
+    last_run_id = CASE
+        WHEN %(tick)s::timestamptz IS NOT NULL
+             AND (last_tick IS NULL OR last_tick < %(tick)s::timestamptz)
+        THEN %(run_id)s::text ELSE last_run_id END,
+    last_tick = CASE
+        WHEN %(tick)s::timestamptz IS NOT NULL
+             AND (last_tick IS NULL OR last_tick < %(tick)s::timestamptz)
+        THEN %(tick)s::timestamptz ELSE last_tick END,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE app = %(app)s AND name = %(name)s;
+
+-- name: pause_schedule
+-- Resuming settles the ticks that passed while paused.
+UPDATE perdure.schedules SET
+    settled_until = CASE
+        WHEN paused AND NOT %(paused)s::boolean
+        THEN greatest(settled_until, coalesce(%(now)s::timestamptz, statement_timestamp()))
+        ELSE settled_until END,
+    paused = %(paused)s::boolean,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE app = %(app)s AND name = %(name)s
+RETURNING *;

@@ -176,3 +176,23 @@ CREATE TABLE perdure.app_migrations (
     applied_at timestamptz NOT NULL,
     PRIMARY KEY (app, version)
 );
+
+-- Schedules: one row per schedule of an app (0008).
+CREATE TABLE perdure.schedules (
+    app text NOT NULL,
+    name text NOT NULL,
+    workflow text NOT NULL,
+    version text NOT NULL,
+    cron text NOT NULL,
+    tz text NOT NULL,
+    catch_up text NOT NULL,
+    input text NOT NULL,
+    tick_arg boolean NOT NULL,
+    paused boolean NOT NULL,
+    settled_until timestamptz NOT NULL,
+    last_tick timestamptz,
+    last_run_id text,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (app, name)
+);

@@ -749,3 +749,47 @@ SELECT 1 AS applied FROM app_migrations WHERE app = :app AND version = :version;
 
 -- name: app_migration_record
 INSERT INTO app_migrations (app, version, applied_at) VALUES (:app, :version, :now);
+-- == schedules (perdure.store.scheduleport) ==================================
+
+-- name: save_schedule
+-- A new row is settled until now; an existing one keeps its state.
+INSERT INTO schedules (
+    app, name, workflow, version, cron, tz, catch_up, input, tick_arg,
+    paused, settled_until, created_at, updated_at
+)
+VALUES (
+    :app, :name, :workflow, :version, :cron, :tz, :catch_up, :input, :tick_arg,
+    0, :now, :now, :now
+)
+ON CONFLICT (app, name) DO UPDATE SET
+    workflow = excluded.workflow, version = excluded.version, cron = excluded.cron,
+    tz = excluded.tz, catch_up = excluded.catch_up, input = excluded.input,
+    tick_arg = excluded.tick_arg, updated_at = excluded.updated_at
+RETURNING *;
+
+-- name: list_schedules
+SELECT * FROM schedules WHERE (:app IS NULL OR app = :app) ORDER BY app, name;
+
+-- name: settle_schedule
+-- Only forward: two workers settling the same tick leave one answer.
+UPDATE schedules SET
+    settled_until = max(settled_until, :through),
+    last_run_id = CASE
+        WHEN :tick IS NOT NULL AND (last_tick IS NULL OR last_tick < :tick) THEN :run_id
+        ELSE last_run_id END,
+    last_tick = CASE
+        WHEN :tick IS NOT NULL AND (last_tick IS NULL OR last_tick < :tick) THEN :tick
+        ELSE last_tick END,
+    updated_at = :now
+WHERE app = :app AND name = :name;
+
+-- name: pause_schedule
+-- Resuming settles the ticks that passed while paused.
+UPDATE schedules SET
+    settled_until = CASE
+        WHEN paused = 1 AND :paused = 0 THEN max(settled_until, :now)
+        ELSE settled_until END,
+    paused = :paused,
+    updated_at = :now
+WHERE app = :app AND name = :name
+RETURNING *;
