@@ -246,6 +246,7 @@ class App(timetable.Timetable):
         name: str | None = None,
         effect: effects.Effect = "idempotent",
         retry: effects.Retry | None = None,
+        timeout: timedelta | float | None = None,
     ) -> Callable[[F], F]: ...
 
     def step(
@@ -256,17 +257,23 @@ class App(timetable.Timetable):
         name: str | None = None,
         effect: effects.Effect = "idempotent",
         retry: effects.Retry | None = None,
+        timeout: timedelta | float | None = None,
     ) -> F | Callable[[F], F]:
         """Declare a step: inside a workflow, a call to it is journaled.
 
         ``effect`` is ``"pure"``, ``"idempotent"`` (retried under ``retry``) or
         ``"once"`` (its start is recorded first; never silently repeated).
-        Outside a workflow the function runs as a plain call.
+        An attempt that runs past ``timeout`` fails with
+        :class:`~perdure.StepTimedOut` (a sync step's thread runs on; its late
+        result is discarded). Outside a workflow the function runs as a plain call.
         """
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
 
         def declare(target: F) -> F:
             step_name = codec.check_text("a step name", name or target.__name__, limit=200)
-            opts = effects.StepOptions(step_name, effect, retry or effects.DEFAULT_RETRY)
+            opts = effects.StepOptions(
+                step_name, effect, retry or effects.DEFAULT_RETRY, timeout=seconds
+            )
             return _wrap(target, opts, transactional=False)
 
         return declare(fn) if fn is not None else declare

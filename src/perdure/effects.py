@@ -74,8 +74,12 @@ class StepOptions:
     effect: Effect = "idempotent"
     retry: Retry = DEFAULT_RETRY
     transactional: bool = False
+    # Seconds an attempt may run before it fails with StepTimedOut; None: no bound.
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
+        if self.timeout is not None and not self.timeout > 0:
+            raise errors.InvalidInput(f"a step timeout must be positive, got {self.timeout!r}")
         if self.effect not in EFFECTS:
             raise errors.InvalidInput(
                 f"effect must be one of {', '.join(EFFECTS)}, got {self.effect!r}"

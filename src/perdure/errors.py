@@ -34,6 +34,7 @@ The tree::
     ├── TokenNotFound                        token_not_found
     ├── WaitTimedOut                         wait_timeout      (raised in workflow code)
     ├── StepFailed                           step_failed       (raised in workflow code)
+    ├── StepTimedOut                         step_timed_out    (an attempt past its timeout)
     ├── EffectFailed                         effect_failed     (raised by a step's author)
     ├── ChildFailed                          child_failed      (raised in workflow code)
     ├── NonDeterminism                       non_determinism
@@ -96,6 +97,7 @@ __all__ = [
     "SchemaTooNew",
     "StaleClaim",
     "StepFailed",
+    "StepTimedOut",
     "StoreDamaged",
     "StoreError",
     "StoreUnavailable",
@@ -388,6 +390,18 @@ class StepFailed(PerdureError):
         self.error_type = error_type
         self.error_message = message
         super().__init__(f"step {step} failed: {error_type}: {message}")
+
+
+class StepTimedOut(PerdureError):
+    """A step attempt ran past the step's ``timeout``.
+
+    The retry policy applies to it as to any failure; for a ``once`` step the
+    effect may have happened, so the run needs attention. The attempt's
+    thread (a sync step) runs on until the function returns, and what it
+    returns then is discarded.
+    """
+
+    code = "step_timed_out"
 
 
 class EffectFailed(PerdureError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
@@ -206,6 +207,12 @@ class StepCall:
             raise Parked([], self.retry_at)
         self.retry_at = None
 
+    def timed_out(self) -> errors.StepTimedOut:
+        """Return the failure of an attempt that ran past the step's timeout."""
+        return errors.StepTimedOut(
+            f"step {self.key} attempt {self.attempt} ran past its timeout of {self.opts.timeout:g}s"
+        )
+
     def end_attempt(self) -> None:
         """End the attempt's span if nothing else did: the run stopped during it."""
         self.span.end("interrupted")
@@ -356,6 +363,33 @@ def unwrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     return inner if inner is not None and effects.options_of(fn) is not None else fn
 
 
+def _within(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """Call a sync step on a thread of its own; give up on it after the step's timeout.
+
+    A thread cannot be stopped from outside: one that times out runs on until
+    the function returns, and its result is dropped. The run goes on at once.
+    """
+    done = threading.Event()
+    outcome: list[Any] = []
+    context = contextvars.copy_context()  # the step's idempotency key goes along
+
+    def attempt() -> None:
+        try:
+            outcome.append((True, context.run(fn, *args, **kwargs)))
+        except BaseException as exc:  # handed to the run's thread below
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=attempt, name=f"perdure-step-{call.key}", daemon=True).start()
+    if not done.wait(call.opts.timeout):
+        raise call.timed_out()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
 def run(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """Run a step's attempts until one succeeds or the failure is final."""
     if call.replayed:
@@ -367,7 +401,10 @@ def run(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             try:
                 try:
                     with call.scope():
-                        value = fn(*args, **kwargs)
+                        if call.opts.timeout is None:
+                            value = fn(*args, **kwargs)
+                        else:
+                            value = _within(call, fn, args, kwargs)
                 except Exception as exc:
                     delay = call.failed(exc)
                 else:
@@ -389,7 +426,17 @@ async def arun(call: StepCall, fn: Callable[..., Awaitable[Any]], args: Any, kwa
             try:
                 try:
                     with call.scope():
-                        value = await fn(*args, **kwargs)
+                        if call.opts.timeout is None:
+                            value = await fn(*args, **kwargs)
+                        else:
+                            bound = asyncio.timeout(call.opts.timeout)
+                            try:
+                                async with bound:
+                                    value = await fn(*args, **kwargs)
+                            except TimeoutError:
+                                if not bound.expired():
+                                    raise  # the step's own TimeoutError
+                                raise call.timed_out() from None
                 except Exception as exc:
                     delay = call.failed(exc)
                 else:
