@@ -55,8 +55,13 @@ _by_store: weakref.WeakKeyDictionary[object, Endings] = weakref.WeakKeyDictionar
 
 def of(store: object) -> Endings:
     """Return the endings of ``store``: workers and clients sharing the object share them."""
-    with _lock:
-        found = _by_store.get(store)
-        if found is None:
-            found = _by_store[store] = Endings()
-        return found
+    try:
+        with _lock:
+            found = _by_store.get(store)
+            if found is None:
+                found = _by_store[store] = Endings()
+            return found
+    except TypeError:
+        # A store object that cannot be weakly referenced shares nothing:
+        # its callers poll, as they would across processes.
+        return Endings()

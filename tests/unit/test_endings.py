@@ -30,6 +30,14 @@ def test_stores_share_endings_by_object() -> None:
     assert endings.of(a) is not endings.of(b)
 
 
+def test_a_store_without_weak_references_gets_endings_of_its_own() -> None:
+    class Slotted:
+        __slots__ = ()
+
+    store = Slotted()
+    assert endings.of(store) is not endings.of(store)  # nothing shared: callers poll
+
+
 def test_result_returns_on_the_local_end_without_waiting_for_a_poll(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
