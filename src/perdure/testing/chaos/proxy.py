@@ -8,9 +8,9 @@ Each accepted connection (a :class:`Link`) is relayed by two threads. Faults:
   unread, no error on either side), then a reset, as a middlebox dropping a
   flow and timing it out;
 * :meth:`Proxy.cut_after_commit`: the next ``COMMIT`` a client sends is
-  relayed to the server, then the link is reset before any answer comes back:
-  the client cannot know whether its transaction committed (an *ambiguous
-  commit*).
+  relayed to the server, and when the server's answer comes back the link is
+  reset instead of relaying it: the transaction committed, and the client
+  cannot know it did (an *ambiguous commit*).
 
 ``COMMIT`` is recognised in the frontend stream of the PostgreSQL protocol
 v3: after the untyped startup packets (an SSL or GSS request, then the
@@ -88,6 +88,7 @@ class Link:
         self.commits = 0
         self.closed = threading.Event()
         self._holed = threading.Event()
+        self._cut = threading.Event()
         self._parser = FrontendParser()
         self._lock = threading.Lock()
 
@@ -132,6 +133,10 @@ class Link:
                 if self.proxy.latency:
                     time.sleep(self.proxy.latency)
                 if not up:
+                    if self._cut.is_set():
+                        # The server answered the COMMIT (it is done): the client never hears.
+                        self.reset()
+                        return
                     sink.sendall(data)
                     continue
                 for kind, raw in self._parser.feed(data):
@@ -139,8 +144,7 @@ class Link:
                     if is_commit(kind, raw[5:]):
                         self.commits += 1
                         if self.proxy.take_cut():
-                            self.reset()
-                            return
+                            self._cut.set()
         except (OSError, ValueError):
             pass
         # One side ended: end the other (a plain close, as a peer going away does).

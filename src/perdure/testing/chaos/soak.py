@@ -251,7 +251,11 @@ def soak(
             f"a soak runs on PostgreSQL: --store postgresql://..., got {url!r}"
         )
     form = LONG if long else SHORT
-    size = Form(workers or form.workers, seconds or form.seconds, runs or form.runs)
+    size = Form(
+        form.workers if workers is None else workers,
+        form.seconds if seconds is None else seconds,
+        form.runs if runs is None else runs,
+    )
     if size.workers < 1 or size.runs < 1 or size.seconds <= 0:
         raise errors.InvalidInput(f"workers, runs and seconds must be positive, got {size}")
     say = progress or (lambda line: None)
