@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -152,6 +153,7 @@ class _Workers:
         self.started = 0
         self._read = 0
         self._claimed: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def spawn(self, slot: int) -> None:
         self.started += 1
@@ -195,12 +197,24 @@ class _Workers:
             if now - self._claimed.get(name, now) >= age and s not in dead
         ]
 
-    def kill(self, slot: int) -> str:
-        proc = self.procs[slot]
-        assert proc is not None
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        return self.names[slot]
+    def replace(self, slot: int) -> tuple[float, str]:
+        """SIGKILL the slot's worker and start a fresh one; return the kill's time and name."""
+        with self._lock:
+            proc, name = self.procs[slot], self.names[slot]
+            assert proc is not None
+            proc.send_signal(signal.SIGKILL)
+            killed_at = time.time()
+            proc.wait()
+            self.spawn(slot)
+            return killed_at, name
+
+    def revive(self) -> int:
+        """Replace the workers that ended on their own; return how many did."""
+        with self._lock:
+            dead = self.dead()
+            for slot in dead:
+                self.spawn(slot)
+            return len(dead)
 
     def dead(self) -> list[int]:
         return [s for s, p in enumerate(self.procs) if p is None or p.poll() is not None]
@@ -288,15 +302,13 @@ def _soak(
     report: SoakReport,
     say: Callable[[str], None],
 ) -> None:
-    rng = random.Random(f"{seed}:{kind}")
     proxy = Proxy.to(db).start() if kind == "network" else None
     pool = _Workers(proxy.url(db) if proxy else db, folder, size.workers, broken)
     # The driver watches on a connection of its own; its client calls (start,
     # signal) go through the proxy like the workers' and are retried as a client would.
     store = open_store(db, migrate=False)
     client = open_store(proxy.url(db), migrate=False) if proxy else store
-    kills: list[tuple[float, str]] = []
-    faults: Counter[str] = Counter()
+    injector = _Injector(pool, proxy, random.Random(f"{seed}:{kind}"))
     signaled: set[int] = set()
     try:
         for slot in range(size.workers):
@@ -304,11 +316,11 @@ def _soak(
         with workload.app.using(client):
             started = 0
             t0 = time.monotonic()
-            next_fault = t0 + 1.0  # let the first workers come up
+            injector.start()
             while time.monotonic() - t0 < size.seconds:
-                now = time.monotonic()
                 # Arrivals spread over the first two thirds; the rest is recovery under fire.
-                due = min(size.runs, 1 + int((now - t0) / (size.seconds * 2 / 3) * size.runs))
+                elapsed = time.monotonic() - t0
+                due = min(size.runs, 1 + int(elapsed / (size.seconds * 2 / 3) * size.runs))
                 for n in range(started, due):
                     _client(
                         report,
@@ -318,32 +330,15 @@ def _soak(
                         ),
                     )
                 started = max(started, due)
-                if now >= next_fault:
-                    if proxy is None:
-                        # A worker killed while it boots holds nothing, and one killed in
-                        # its first lease_ttl has not recovered anything yet (clockwatch):
-                        # kill one that has served a while, so others always serve.
-                        # And never the last one serving: the time to recover is then the
-                        # time another worker takes to notice, not a process's boot time.
-                        serving = pool.serving(SERVED)
-                        if len(serving) > 1 or (size.workers == 1 and serving):
-                            slot = rng.choice(serving)
-                            kills.append((time.time(), pool.kill(slot)))
-                            pool.spawn(slot)
-                        next_fault = now + rng.uniform(0.2, 0.6)
-                    else:
-                        faults[_fault(proxy, rng)] += 1
-                        next_fault = now + rng.uniform(0.2, 0.6)
                 _signal(store, folder, signaled, report)
-                report.worker_exits += _revive(pool, kills)
-                time.sleep(0.05)
+                report.worker_exits += pool.revive()
+                time.sleep(0.1)
+            injector.stop()
             say(f"{kind}: {started} runs started, faults stop; settling")
-            if proxy is not None:
-                proxy.latency = 0.0
             deadline = time.monotonic() + settle
             while time.monotonic() < deadline:
                 _signal(store, folder, signaled, report)
-                report.worker_exits += _revive(pool, kills)
+                report.worker_exits += pool.revive()
                 runs = store.list_runs(workload.app.name, limit=10_000)
                 if all(r.state in port.TERMINAL_STATES for r in runs):
                     break
@@ -352,16 +347,54 @@ def _soak(
         report.violations.extend(
             f"worker {name} did not stop within 15s of SIGTERM" for name in hung
         )
-        report.kills = len(kills)
-        report.faults = dict(faults)
+        report.kills = len(injector.kills)
+        report.faults = dict(injector.faults)
         report.ambiguous_commits = proxy.cuts if proxy else 0
-        _check(store, folder, kills, report)
+        _check(store, folder, injector.kills, report)
     finally:
+        injector.stop()
         pool.stop(timeout=5.0)
         if proxy is not None:
             proxy.close()
             client.close()
         store.close()
+
+
+class _Injector:
+    """Injects one fault every 0.2 to 0.6 s (seeded) from a thread of its own."""
+
+    def __init__(self, pool: _Workers, proxy: Proxy | None, rng: random.Random) -> None:
+        self.pool = pool
+        self.proxy = proxy
+        self.rng = rng
+        self.kills: list[tuple[float, str]] = []
+        self.faults: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="soak-faults", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.proxy is not None:
+            self.proxy.latency = 0.0
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.rng.uniform(0.2, 0.6)):
+            if self.proxy is not None:
+                self.faults[_fault(self.proxy, self.rng)] += 1
+                continue
+            # A worker killed while it boots holds nothing, and one killed in its
+            # first lease_ttl has not recovered anything yet (clockwatch): kill one
+            # that has served a while, and never the last one serving, so that the
+            # time to recover is another worker noticing, not a process booting.
+            serving = self.pool.serving(SERVED)
+            if len(serving) > 1 or (len(self.pool.names) == 1 and serving):
+                slot = self.rng.choice(serving)
+                self.kills.append(self.pool.replace(slot))
 
 
 def _fault(proxy: Proxy, rng: random.Random) -> str:
@@ -379,14 +412,6 @@ def _fault(proxy: Proxy, rng: random.Random) -> str:
     else:
         rng.choice(links).blackhole(rng.uniform(0.5, 3.0))
     return action
-
-
-def _revive(pool: _Workers, kills: list[tuple[float, str]]) -> int:
-    """Replace workers that ended on their own; return how many did."""
-    dead = pool.dead()
-    for slot in dead:
-        pool.spawn(slot)
-    return len(dead)
 
 
 T = TypeVar("T")
@@ -415,8 +440,8 @@ def _client(report: SoakReport, what: str, call: Callable[[], T]) -> T | None:
 
 def _signal(store: port.Store, folder: Path, signaled: set[int], report: SoakReport) -> None:
     """Signal every even run that waits (its first wait is the signal's)."""
-    for run in store.list_runs(workload.app.name, limit=10_000):
-        if run.parent_id is not None or run.state != "waiting" or not run.key:
+    for run in store.list_runs(workload.app.name, state="waiting", limit=10_000):
+        if run.parent_id is not None or not run.key:
             continue
         n = int(run.key.split("-")[1])
         if n % 2 or n in signaled:
