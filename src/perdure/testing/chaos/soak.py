@@ -144,10 +144,9 @@ class SoakReport:
 class _Workers:
     """The worker processes, one per slot; a killed or dead one is replaced."""
 
-    def __init__(self, url: str, folder: Path, count: int, broken: bool) -> None:
+    def __init__(self, url: str, folder: Path, count: int) -> None:
         self.url = url
         self.folder = folder
-        self.broken = broken
         self.names = [""] * count
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
         self.started = 0
@@ -164,7 +163,6 @@ class _Workers:
             scenario_api.EVENTS_ENV: str(self.folder / "events.jsonl"),
             scenario_api.PHASE_ENV: name,
             workload.TIMELINE_ENV: str(self.folder / "timeline.jsonl"),
-            workload.BROKEN_ENV: "1" if self.broken else "",
             "PERDURE_SOAK_LEASE": str(LEASE_TTL),
             "PERDURE_SOAK_HEARTBEAT": str(HEARTBEAT),
             "PERDURE_SOAK_SLOW": "1",
@@ -303,7 +301,7 @@ def _soak(
     say: Callable[[str], None],
 ) -> None:
     proxy = Proxy.to(db).start() if kind == "network" else None
-    pool = _Workers(proxy.url(db) if proxy else db, folder, size.workers, broken)
+    pool = _Workers(proxy.url(db) if proxy else db, folder, size.workers)
     # The driver watches on a connection of its own; its client calls (start,
     # signal) go through the proxy like the workers' and are retried as a client would.
     store = open_store(db, migrate=False)

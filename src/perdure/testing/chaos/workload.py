@@ -14,10 +14,10 @@ that it writes *side records* outside perdure, each one ``O_APPEND`` line:
 
 Configuration comes from the environment: ``PERDURE_STORE`` (the URL the
 worker uses), ``PERDURE_CHAOS_EVENTS``, ``PERDURE_CHAOS_TIMELINE``,
-``PERDURE_CHAOS_PHASE`` (the worker's name in the records),
-``PERDURE_SOAK_LEASE`` / ``PERDURE_SOAK_HEARTBEAT`` / ``PERDURE_SOAK_SLOW`` and
-``PERDURE_SOAK_BROKEN`` (``1``: the ``charge`` effect is done by a step that
-retries after it, so it happens twice: a soak that must report a violation).
+``PERDURE_CHAOS_PHASE`` (the worker's name in the records) and
+``PERDURE_SOAK_LEASE`` / ``PERDURE_SOAK_HEARTBEAT`` / ``PERDURE_SOAK_SLOW``.
+A run started with ``broken=True`` does its ``charge`` effect in a step that
+retries after it, so the effect happens twice: a soak that must report it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from perdure.testing import faults
 from perdure.testing.chaos.scenario import EVENTS_ENV, PHASE_ENV, Event, append, effect
 
 TIMELINE_ENV = "PERDURE_CHAOS_TIMELINE"
-BROKEN_ENV = "PERDURE_SOAK_BROKEN"
 WAIT_NAME = "go"
 
 app = app_api.App(name="chaos_soak")
