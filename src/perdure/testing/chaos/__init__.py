@@ -11,6 +11,12 @@ docs/testing.md, "Crash-point exploration"::
 
     python -m perdure.testing.chaos                       # built-in scenarios, short form
     python -m perdure.testing.chaos mymodule:scenario --long --store postgresql://...
+
+Two soaks run real worker processes on PostgreSQL instead (docs/testing.md,
+"Soaks on PostgreSQL"; :mod:`perdure.testing.chaos.soak`)::
+
+    python -m perdure.testing.chaos soak --store postgresql://...      # SIGKILL workers
+    python -m perdure.testing.chaos network --store postgresql://...   # break connections
 """
 
 from perdure.testing.chaos.explorer import Report, Row, explore, pick_sites

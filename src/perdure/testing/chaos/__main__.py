@@ -1,5 +1,10 @@
 """``python -m perdure.testing.chaos [MODULE:SCENARIO ...] [--long] [--store URL] [--json]``.
 
+And the soaks on PostgreSQL (:mod:`perdure.testing.chaos.soak`)::
+
+    python -m perdure.testing.chaos soak --store postgresql://... [--workers N] [--long]
+    python -m perdure.testing.chaos network --store postgresql://... [--workers N] [--long]
+
 Exit status: 0 no violation, 1 violations, 2 bad input (an unknown scenario,
 mode or store URL).
 """
@@ -88,9 +93,57 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def soak_parser(kind: str) -> argparse.ArgumentParser:
+    """Return the parser of ``soak`` (kill -9) or ``network`` (broken connections)."""
+    what = {
+        "soak": "SIGKILL random worker processes every few hundred ms",
+        "network": "break the workers' connections through a faulty proxy",
+    }[kind]
+    p = argparse.ArgumentParser(
+        prog=f"python -m perdure.testing.chaos {kind}",
+        description=f"Serve runs with real workers on PostgreSQL, {what}; check what survives.",
+    )
+    p.add_argument("--store", required=True, help="a PostgreSQL server URL (a database is made)")
+    p.add_argument("--long", action="store_true", help="8 workers, 400 runs, 3 minutes of faults")
+    p.add_argument("--workers", type=int, help="worker processes (default 3, long 8)")
+    p.add_argument("--runs", type=int, help="runs started (default 36, long 400)")
+    p.add_argument("--seconds", type=float, help="seconds of faults (default 20, long 180)")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the fault schedule")
+    p.add_argument("--keep", help="keep the side records and worker logs in this folder")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def main_soak(kind: str, argv: Sequence[str]) -> int:
+    """Run one soak; return the exit status."""
+    from perdure.testing.chaos import soak
+
+    args = soak_parser(kind).parse_args(argv)
+    try:
+        report = soak.soak(
+            args.store,
+            "kill" if kind == "soak" else "network",
+            long=args.long,
+            workers=args.workers,
+            runs=args.runs,
+            seconds=args.seconds,
+            seed=args.seed,
+            keep=args.keep,
+            progress=None if args.json else lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except errors.PerdureError as exc:
+        print(f"error: {exc.code}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.table())
+    return 0 if report.ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the explorer; return the exit status."""
-    args = parser().parse_args(argv)
+    """Run the explorer, or a soak; return the exit status."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0] in ("soak", "network"):
+        return main_soak(given[0], given[1:])
+    args = parser().parse_args(given)
     try:
         chosen = [s for spec in args.scenarios for s in load(spec)]
         if not args.scenarios:
