@@ -9,7 +9,7 @@ batches (``store.prune(app, ended_before, 500)`` repeated until it deletes
 nothing, what ``perdure prune`` and the worker's sweep do). Runs in the
 project's ``.venv``::
 
-    .venv/bin/python bench/prune.py [--stores sqlite,postgres] [--scale 1] [--claims 1000]
+    .venv/bin/python bench/prune.py [--stores sqlite,postgres] [--scale 1] [--claims 1000] [--batch 500]
 
 Target: claim p99 during pruning <= 2x the idle p99.
 """
@@ -36,7 +36,7 @@ TARGET_RATIO = 2.0
 BATCH = perdure_worker._PRUNE_BATCH
 
 
-def _prune_all(url: str, started: Any, done: Any, report: Any) -> None:
+def _prune_all(url: str, batch: int, started: Any, done: Any, report: Any) -> None:
     """Prune every run that ended before the bulk load's newest, one batch at a time."""
     store = open_store(url)
     # The bulk-loaded runs ended at least a minute ago; the claimer's own runs are newer.
@@ -47,7 +47,7 @@ def _prune_all(url: str, started: Any, done: Any, report: Any) -> None:
     t0 = time.perf_counter()
     while True:
         s = time.perf_counter()
-        n = store.prune(workloads.APP, cutoff, BATCH)
+        n = store.prune(workloads.APP, cutoff, batch)
         batches.append((time.perf_counter() - s) * 1e3)
         if n == 0:
             break
@@ -69,7 +69,7 @@ def _one_claim(app: Any, versions: Any) -> float:
     return took
 
 
-def measure(kind: str, scale: float, claims: int) -> dict[str, Any]:
+def measure(kind: str, scale: float, claims: int, batch: int) -> dict[str, Any]:
     os.environ["BENCH_W7_SCALE"] = str(scale)
     db = common.create_database(kind)
     try:
@@ -82,7 +82,7 @@ def measure(kind: str, scale: float, claims: int) -> dict[str, Any]:
             idle = [_one_claim(app, versions) for _ in range(claims)]
             ctx = multiprocessing.get_context("spawn")
             started, done, report = ctx.Event(), ctx.Event(), ctx.Queue()
-            pruner = ctx.Process(target=_prune_all, args=(db.perdure_url, started, done, report))
+            pruner = ctx.Process(target=_prune_all, args=(db.perdure_url, batch, started, done, report))
             pruner.start()
             started.wait(120)
             during = []
@@ -103,12 +103,13 @@ def main() -> None:
     parser.add_argument("--stores", default="sqlite,postgres")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--claims", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=BATCH, help="runs per prune call")
     options = parser.parse_args()
     print("| store | claims idle / during | idle p50 ms | idle p99 ms | during p50 ms "
           "| during p99 ms | during max ms | p99 ratio | ≤ 2× |")
     print("|---|---|---|---|---|---|---|---|---|")
     for kind in options.stores.split(","):
-        f = measure(kind, options.scale, options.claims)
+        f = measure(kind, options.scale, options.claims, options.batch)
         i, d = f["idle"], f["during"]
         ratio = d["p99"] / i["p99"]
         verdict = "PASS" if ratio <= TARGET_RATIO else "FAIL"
@@ -117,7 +118,7 @@ def main() -> None:
         b = f["batch_ms"]
         print(f"<!-- {kind}: {f['finished_runs']} finished + {f['waiting_runs']} waiting runs "
               f"generated in {f['generate_s']:.0f} s; pruned {f['deleted']} runs in "
-              f"{f['prune_s']:.1f} s, {b['n']} batches of {BATCH}, batch p50 {b['p50']:.1f} ms "
+              f"{f['prune_s']:.1f} s, {b['n']} batches of {options.batch}, batch p50 {b['p50']:.1f} ms "
               f"p99 {b['p99']:.1f} ms max {b['max']:.1f} ms -->")
         sys.stdout.flush()
 
