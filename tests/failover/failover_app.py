@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 import perdure
 
@@ -30,12 +31,14 @@ def effect(line: str) -> None:
 
 @app.step()
 def tick(n: int, i: int) -> str:
+    time.sleep(0.02)  # a step in flight when the primary goes
     effect(f"tick {n} {i}")
     return f"tick:{n}:{i}"
 
 
 @app.step(effect="once")
 def charge(n: int) -> str:
+    time.sleep(0.1)
     effect(f"charge {n} 0")
     return f"charge:{n}"
 

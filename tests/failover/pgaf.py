@@ -172,6 +172,16 @@ class Formation:
             ).fetchall()
         return {name: (reported, goal) for name, reported, goal in rows}
 
+    def promoted_at(self, name: str) -> float | None:
+        """When the monitor saw ``name`` report itself writable (epoch seconds), or None."""
+        with psycopg.connect(self.monitor_url, connect_timeout=2) as conn:
+            row = conn.execute(
+                "SELECT extract(epoch FROM min(eventtime)) FROM pgautofailover.event"
+                " WHERE nodename = %s AND reportedstate IN ('wait_primary', 'primary')",
+                [name],
+            ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def healthy(self, want: dict[str, str] | None = None) -> bool:
         """Whether the nodes are in the wanted states (default: primary + sync secondary)."""
         try:

@@ -86,7 +86,11 @@ class Driver:
         for n, run_id in self.runs.items():
             if run_id in self.receipts or now - self.started_at[n] < 0.3:
                 continue
-            receipt = self._try(self.app.signal, run_id, "go", f"go-{n}", signal_id=f"go-{n}")
+            try:
+                receipt = self._try(self.app.signal, run_id, "go", f"go-{n}", signal_id=f"go-{n}")
+            except perdure.RunFinished:
+                # Stopped in needs_attention before its wait: signaled once resolved.
+                continue
             if receipt is not None:
                 self.receipts[run_id] = receipt
                 self.writes.append(time.monotonic())
@@ -157,20 +161,21 @@ def test_no_acknowledged_write_is_lost_and_nothing_runs_twice(
     workers = _start_workers(formation, effects, tmp_path)
     driver = Driver(app, store)
     try:
-        # Load: runs start, step, charge and wait; the crash comes while some
-        # are mid-step and some signals are in flight.
-        for n in range(RUNS_BEFORE):
+        # Keep starting runs until the workers are well into them, so that
+        # the crash finds steps, charges and signals in flight.
+        n, deadline = 0, time.monotonic() + 120
+        while n < RUNS_BEFORE or len(driver.seen) < 60 or len(driver.receipts) < 8:
+            assert time.monotonic() < deadline, f"the load never got going: {driver.failures}"
             driver.start(n)
+            n = len(driver.runs)
             driver.step()
-        assert len(driver.runs) == RUNS_BEFORE, driver.failures
-        assert driver.seen and driver.receipts, "the load never got going"
+        runs_before = len(driver.runs)
         driver.seen_before_crash = set(driver.seen)
 
-        crashed = time.monotonic()
+        crashed, crashed_wall = time.monotonic(), time.time()
         formation.crash("node1")
-        n = RUNS_BEFORE
         deadline = crashed + 120
-        while len(driver.runs) < RUNS_BEFORE + RUNS_AFTER:
+        while len(driver.runs) < runs_before + RUNS_AFTER:
             assert time.monotonic() < deadline, f"no write succeeded: {driver.failures}"
             before = len(driver.runs)
             driver.start(n)
@@ -180,6 +185,7 @@ def test_no_acknowledged_write_is_lost_and_nothing_runs_twice(
         back = min(t for t in driver.writes if t > crashed)
         states = formation.states()
         assert states["node2"][0] in ("wait_primary", "primary"), states
+        promoted = formation.promoted_at("node2")
 
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while not driver.all_ended():
@@ -257,6 +263,7 @@ def test_no_acknowledged_write_is_lost_and_nothing_runs_twice(
         "runs": len(driver.runs),
         "final_states": dict(Counter(final.values())),
         "no_service_s": round(back - crashed, 2),
+        "promoted_s": None if promoted is None else round(promoted - crashed_wall, 2),
         "entries_seen": len(driver.seen),
         "entries_seen_before_crash": len(driver.seen_before_crash),
         "receipts": len(driver.receipts),
