@@ -330,6 +330,28 @@ def test_the_url_is_shown_without_its_password(postgres_url: str) -> None:
         store.close()
 
 
+def test_a_multi_host_url_connects_to_the_first_host_that_answers(postgres_url: str) -> None:
+    # A failover pair is named host by host; libpq tries them in order and
+    # target_session_attrs keeps only the one that accepts writes.
+    hosts = postgres_url.replace("@127.0.0.1:5432/", "@127.0.0.1:1,127.0.0.1:5432/")
+    assert hosts != postgres_url
+    multi = postgres.PostgresStore(hosts + "?target_session_attrs=read-write")
+    try:
+        multi.migrate()
+        multi.create_run(new("r1"))
+        assert state(multi, "r1") == "queued"
+        assert multi.url == hosts + "?target_session_attrs=read-write"
+    finally:
+        multi.close()
+
+
+@pytest.mark.parametrize("ports", ["1,notaport", "1,70000", "1,"])
+def test_a_multi_host_url_with_a_bad_port_is_refused(ports: str) -> None:
+    host, port_ = ports.split(",")
+    with pytest.raises(errors.InvalidStoreURL):
+        postgres.PostgresStore(f"postgresql://postgres@127.0.0.1:{host},127.0.0.1:{port_}/db")
+
+
 def test_rows_that_break_an_invariant_are_refused(
     postgres_url: str, store: postgres.PostgresStore
 ) -> None:
