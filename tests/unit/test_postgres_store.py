@@ -387,3 +387,25 @@ def test_claim_sets_a_corrupt_run_aside_and_takes_the_others(
     assert bad.error is not None and json.loads(bad.error)["code"] == "corrupt_state"
     assert store.history("bad")[-1].kind == "finished"
     assert store.claim("app", "w1", WF, lease_ttl=30, limit=2) == []
+
+
+def test_connections_bound_a_silent_network_unless_the_url_says_otherwise(
+    postgres_url: str,
+) -> None:
+    from perdure.store.postgres import connection
+
+    found = connection._connect_kwargs(postgres_url, postgres_url)
+    assert (found["keepalives"], found["keepalives_idle"], found["tcp_user_timeout"]) == (
+        1,
+        10,
+        30_000,
+    )
+    mine = f"{postgres_url}?keepalives_idle=60&tcp_user_timeout=0"
+    assert "keepalives_idle" not in connection._connect_kwargs(mine, mine)
+    # libpq takes them: a store connects and answers with them set.
+    opened = postgres.PostgresStore(postgres_url)
+    try:
+        row = opened._transact(lambda cur: cur.execute("SELECT 1 AS one").fetchone(), single=True)
+        assert row == {"one": 1}
+    finally:
+        opened.close()

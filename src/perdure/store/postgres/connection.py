@@ -101,7 +101,19 @@ def _connect_kwargs(url: str, shown: str) -> dict[str, Any]:
             raise errors.InvalidStoreURL(
                 f"malformed PostgreSQL URL {shown!r}: port {number!r} is not a port number"
             )
-    extra: dict[str, Any] = {"connect_timeout": _CONNECT_TIMEOUT, "application_name": "perdure"}
+    extra: dict[str, Any] = {
+        "connect_timeout": _CONNECT_TIMEOUT,
+        "application_name": "perdure",
+        # A server or network that vanishes without a reset (a partition, a
+        # host gone) must not hold a call forever: probe an idle connection
+        # after 10 s, give up after 3 unanswered probes, and give up on data
+        # the peer has not acknowledged for 30 s.
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": 30_000,
+    }
     return {k: v for k, v in extra.items() if k not in params}
 
 
