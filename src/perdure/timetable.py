@@ -7,6 +7,7 @@ steps and this one the schedules (``docs/schedules.md``).
 
 from __future__ import annotations
 
+import abc
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar, cast, overload
@@ -20,7 +21,7 @@ W = TypeVar("W", bound=registry.Workflow[Any, Any])
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
 
-class Timetable:
+class Timetable(abc.ABC):
     """The schedule calls of an App."""
 
     # What the App supplies.
@@ -29,15 +30,18 @@ class Timetable:
     _schedules: dict[str, schedules.Schedule]
 
     @property
+    @abc.abstractmethod
     def store(self) -> port.Store:
-        raise NotImplementedError
+        """The app's store."""
 
     @property
+    @abc.abstractmethod
     def client(self) -> client_api.Client:
-        raise NotImplementedError
+        """The app's client."""
 
+    @abc.abstractmethod
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
-        raise NotImplementedError
+        """Return (name, version, return hint) for a workflow function or name."""
 
     @overload
     def schedule(

@@ -11,6 +11,7 @@ together apply each migration once and a failed one leaves nothing behind.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -36,9 +37,9 @@ class AppSchemaStore(Protocol):
 class AppSchema(transitions.Transitions[C]):
     """:meth:`apply_app_migrations` over the adapter's connection of a transaction."""
 
+    @abc.abstractmethod
     def _body_connection(self, cur: C) -> Any:
         """Return the database connection of the transaction ``cur`` belongs to."""
-        raise NotImplementedError
 
     def _lock_app_schema(self, cur: C, app: str) -> None:
         """Serialize migrations of ``app`` across processes until the transaction ends."""
