@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -42,6 +44,25 @@ def no_threads(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(asyncio, "to_thread", refuse)
 
 
+@contextlib.contextmanager
+def sync_connections_refused(app: perdure.App, store_url: str) -> Iterator[None]:
+    """On PostgreSQL, fail any store call that takes a pooled (sync) connection."""
+    if not store_url.startswith("postgresql"):
+        yield
+        return
+    pool = app.store._pool  # type: ignore[attr-defined]
+    taken = pool.connection
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an async call took a sync connection")
+
+    pool.connection = refuse
+    try:
+        yield
+    finally:
+        pool.connection = taken
+
+
 def test_every_async_client_call(store_url: str, no_threads: None) -> None:
     app = build(store_url)
     _ = app.store  # opened outside the loop, as an application does at start-up
@@ -66,7 +87,8 @@ def test_every_async_client_call(store_url: str, no_threads: None) -> None:
             await app.aget("no-such-run")
         return seen
 
-    seen = asyncio.run(scenario())
+    with sync_connections_refused(app, store_url):
+        seen = asyncio.run(scenario())
     assert seen["state"] == "queued"
     assert seen["same_key"] == (True, False)
     assert seen["listed"] == 3
@@ -100,7 +122,8 @@ def test_concurrent_async_calls_each_get_their_own_transaction(
         assert not any(h.created for h in again)
         return [h.run_id for h in handles]
 
-    ids = asyncio.run(many())
+    with sync_connections_refused(app, store_url):
+        ids = asyncio.run(many())
     assert len(set(ids)) == 25
     assert len(app.runs(limit=100)) == 25
     # A second event loop uses the store as well (connections belong to their loop).

@@ -22,34 +22,38 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar, cast
 
-import greenlet
 import psycopg
 
 T = TypeVar("T")
 
-
-class _Bridged(greenlet.greenlet):  # type: ignore[misc]
-    """A greenlet running sync code whose I/O its parent (a coroutine) awaits."""
+# Set in the context a bridged call runs in. Code outside one (every worker
+# thread) reads this variable only: greenlet is neither imported nor asked.
+_BRIDGED: contextvars.ContextVar[bool] = contextvars.ContextVar("perdure_bridged", default=False)
 
 
 def bridged() -> bool:
     """Whether the calling code runs inside :func:`run` (its I/O must be awaited)."""
-    return isinstance(greenlet.getcurrent(), _Bridged)
+    return _BRIDGED.get()
 
 
 def await_(awaitable: Awaitable[T]) -> T:
     """Have the event loop await ``awaitable`` and return its result (inside :func:`run`)."""
-    current = greenlet.getcurrent()
-    if not isinstance(current, _Bridged):
+    if not _BRIDGED.get():
         raise RuntimeError("await_ outside a bridged call")
-    return cast(T, current.parent.switch(awaitable))
+    import greenlet
+
+    return cast(T, greenlet.getcurrent().parent.switch(awaitable))
 
 
 async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call ``fn(*args, **kwargs)`` (sync code) with every awaitable it hands over awaited here."""
-    child = _Bridged(fn, parent=greenlet.getcurrent())
+    import greenlet  # only callers of the async forms need it
+
+    child = greenlet.greenlet(fn, parent=greenlet.getcurrent())
     # The caller's context variables (a trace's span, say) go along.
-    child.gr_context = contextvars.copy_context()
+    context = contextvars.copy_context()
+    context.run(_BRIDGED.set, True)
+    child.gr_context = context
     result = child.switch(*args, **kwargs)
     while not child.dead:
         try:
