@@ -19,6 +19,7 @@ drains what is left, and the ledgers and effects files are checked:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -149,6 +150,10 @@ class Fleet:
             try:
                 statuses.append(proc.wait(timeout=20))
             except subprocess.TimeoutExpired:
+                # Its threads' stacks go to its log (perdure worker dumps them on SIGUSR1).
+                os.kill(proc.pid, signal.SIGUSR1)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=2)
                 proc.kill()
                 statuses.append(None)
         return statuses
@@ -157,7 +162,8 @@ class Fleet:
         tails = []
         for path in sorted(self.logs.glob("worker-*.log")):
             text = path.read_text(errors="replace").splitlines()
-            tails.append(f"--- {path.name}\n" + "\n".join(text[-15:]))
+            dumped = any("most recent call first" in line for line in text)
+            tails.append(f"--- {path.name}\n" + "\n".join(text[-(200 if dumped else 15) :]))
         return "\n".join(tails)
 
     def close(self) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 
 import click
@@ -71,7 +73,8 @@ def worker(
     """Serve the app's runs until SIGINT or SIGTERM.
 
     The first signal stops claiming and lets in-flight steps record their
-    outcomes (up to --grace seconds); a second one stops at once. Exits 1
+    outcomes (up to --grace seconds); a second one stops at once. SIGUSR1
+    prints every thread's stack on stderr and changes nothing. Exits 1
     when it left a run in flight. It first prints one line naming the worker,
     the app, the store it serves and the workflows it has. It never ends by
     itself, so it prints no JSON document: see its log on stderr.
@@ -80,6 +83,9 @@ def worker(
     if store_url:
         app.use_store(store_url)
     logs.configure(log_format)
+    # `kill -USR1 PID` prints every thread's stack on stderr: what a worker
+    # that does not answer is doing, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         served = app.worker(
             concurrency=concurrency,
