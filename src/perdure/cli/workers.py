@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -84,8 +85,10 @@ def worker(
         app.use_store(store_url)
     logs.configure(log_format)
     # `kill -USR1 PID` prints every thread's stack on stderr: what a worker
-    # that does not answer is doing, without stopping it.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # that does not answer is doing, without stopping it. (Only where stderr
+    # is a file: a worker run inside another program may not have one.)
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
         served = app.worker(
             concurrency=concurrency,
