@@ -96,6 +96,10 @@ def test_a_schedule_declared_but_not_stored_yet(sqlite_url: str) -> None:
         # From the store alone nothing exists yet.
         bare = t.client(code=False)
         assert bare.get("/api/v1/schedules", headers=head).json() == []
+        empty = bare.get("/schedules", headers=head)
+        assert empty.status_code == 200
+        assert "No schedules in the store (a schedule is stored when a worker" in empty.text
+        assert 'data-schedule="cleanup_eu"' in http.get("/schedules", headers=head).text
         missing = bare.post("/api/v1/schedules/cleanup_eu/pause", json={}, headers=head)
         assert missing.status_code == 404
         assert missing.json()["error"]["code"] == "schedule_not_found"
