@@ -61,6 +61,7 @@ from perdure.records import (
     Wait,
 )
 from perdure.registry import Workflow
+from perdure.select import Fired, child, message, signal, timer, update
 from perdure.worker import Worker
 
 __version__ = "0.1.0"
@@ -77,6 +78,7 @@ __all__ = [
     "DemoFailed",
     "EffectFailed",
     "EffectUnsettled",
+    "Fired",
     "ImportFailed",
     "InvalidInput",
     "InvalidPayload",
@@ -126,5 +128,10 @@ __all__ = [
     "Worker",
     "Workflow",
     "WorkflowNotFound",
+    "child",
     "idempotency_key",
+    "message",
+    "signal",
+    "timer",
+    "update",
 ]
