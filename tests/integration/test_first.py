@@ -13,16 +13,20 @@ import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import perdure
 from perdure import worker as worker_api
 from perdure.testing.clock import FakeClock
 
 MONTH = timedelta(days=30)
+
+SHIFTY: dict[str, Any] = {}  # the sources of the workflow `shifty`, changed between passes
 
 EXIT = perdure.signal("exit")
 GREET = perdure.message("greetings")
@@ -117,6 +121,10 @@ def make_app(url: str, clock: FakeClock) -> perdure.App:
             # The child lost and keeps running: its result is still there to await.
             return ["stopped", fired.value, handle.result()]
         return ["child", fired.value]
+
+    @app.workflow()
+    def shifty(ctx: perdure.Context) -> Any:
+        return ctx.first(*SHIFTY["sources"]).index
 
     @app.workflow()
     def bad(ctx: perdure.Context, how: str) -> Any:
@@ -337,6 +345,22 @@ def test_a_child_that_failed_raises_child_failed(app: tuple[perdure.App, FakeClo
     assert a.get(rid).result == ["child failed", "failed"]
 
 
+def test_code_that_now_selects_over_other_sources_needs_attention(
+    app: tuple[perdure.App, FakeClock],
+) -> None:
+    a, _ = app
+    SHIFTY["sources"] = (EXIT, GREET)
+    rid = a.start("shifty").run_id
+    assert drive(a) == [rid]  # parked; the journal names both sources
+    SHIFTY["sources"] = (GREET, EXIT)
+    deliver(a, rid, "greetings")
+    assert drive(a) == [rid]
+    info = a.get(rid)
+    assert info.state == "needs_attention"
+    assert info.error is not None and info.error["code"] == "non_determinism"
+    assert firsts(a, rid) == [("first", "signal:exit|message:greetings", "started")]
+
+
 @pytest.mark.parametrize("how", ["none", "twice", "clash", "junk"])
 def test_bad_sources_fail_the_run_with_invalid_input(
     app: tuple[perdure.App, FakeClock], how: str
@@ -364,3 +388,110 @@ def test_sources_refuse_bad_arguments_at_once() -> None:
     assert perdure.signal("x") == perdure.signal("x", type=int)
     assert perdure.signal("x") != perdure.message("x")
     assert perdure.timer(60) == perdure.timer(timedelta(minutes=1))
+
+
+# -- a model of a loop over first, under random orders ------------------------------
+
+ROUNDS = 4
+PERIOD = timedelta(minutes=1)
+
+
+def loop_app(url: str, clock: FakeClock) -> perdure.App:
+    app = perdure.App(url, name=f"fl_{uuid.uuid4().hex[:8]}", clock=clock, max_failures=100)
+
+    @app.workflow()
+    def loop(ctx: perdure.Context) -> list[Any]:
+        sig, inbox = perdure.signal("a"), perdure.message("m")
+        got = []
+        for _ in range(ROUNDS):
+            fired = ctx.first(sig, inbox, perdure.timer(PERIOD))
+            got.append([fired.index, shown(fired.value)])
+        ctx.wait("end")  # so that the run outlives any script
+        # What lost in the last rounds is still there, in order, for the plain waits.
+        return [got, ctx.wait("a"), ctx.receive("m").key]
+
+    return app
+
+
+class LoopModel:
+    """What the loop must return: the first ready source in argument order, each round."""
+
+    def __init__(self) -> None:
+        self.signals: list[Any] = []
+        self.messages: list[int] = []
+        self.got: list[Any] = []
+        self.deadline: datetime | None = None  # journaled when the round is first reached
+
+    def evaluate(self, now: datetime) -> None:
+        while len(self.got) < ROUNDS:
+            if self.deadline is None:
+                self.deadline = now + PERIOD
+            if self.signals:
+                self.got.append([0, self.signals.pop(0)])
+            elif self.messages:
+                n = self.messages.pop(0)
+                self.got.append([1, ["message", f"k{n}", n]])
+            elif now >= self.deadline:
+                self.got.append([2, None])
+            else:
+                return
+            self.deadline = None
+
+
+def play_loop(url: str, script: list[str]) -> None:
+    clock = FakeClock()
+    a = loop_app(url, clock)
+    try:
+        rid = a.start("loop").run_id
+        model = LoopModel()
+        for sent, op in enumerate(script, start=1):
+            if op == "signal":
+                a.signal(rid, "a", sent)
+                model.signals.append(sent)
+            elif op == "message":
+                a.send(rid, "m", f"k{sent}", sent)
+                model.messages.append(sent)
+            elif op == "tick":
+                clock.advance((PERIOD / 2).total_seconds())
+            else:
+                drive(a)
+                model.evaluate(clock.now())
+        while len(model.got) < ROUNDS:
+            clock.advance((PERIOD * 2).total_seconds())
+            drive(a)
+            model.evaluate(clock.now())
+        # Feed the plain waits after the loop, then check everything lines up.
+        if not model.signals:
+            a.signal(rid, "a", "last")
+            model.signals.append("last")
+        if not model.messages:
+            a.send(rid, "m", "k-last", "last")
+        a.signal(rid, "end")
+        drive(a)
+        info = a.get(rid)
+        assert info.state == "succeeded", info.error
+        expected_message = f"k{model.messages[0]}" if model.messages else "k-last"
+        assert info.result == [model.got, model.signals[0], expected_message]
+    finally:
+        a.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.sampled_from(["signal", "message", "tick", "drive"]), max_size=14))
+def test_a_loop_over_first_matches_the_model_in_every_order(
+    tmp_path_factory: Any, script: list[str]
+) -> None:
+    url = f"sqlite:///{tmp_path_factory.mktemp('loop')}/loop.db"
+    play_loop(url, script)
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        ["message", "signal", "drive", "drive"],
+        ["drive", "tick", "tick", "drive", "signal", "drive"],
+        ["signal", "signal", "message", "message", "message", "drive"],
+    ],
+)
+def test_chosen_orders_of_a_loop_match_the_model(store_url: str, script: list[str]) -> None:
+    play_loop(store_url, script)
