@@ -62,6 +62,7 @@ from perdure.records import (
     Wait,
 )
 from perdure.registry import Workflow
+from perdure.select import Fired, child, message, signal, timer, update
 from perdure.worker import Worker
 
 __version__ = "0.1.0"
@@ -78,6 +79,7 @@ __all__ = [
     "DemoFailed",
     "EffectFailed",
     "EffectUnsettled",
+    "Fired",
     "ImportFailed",
     "InvalidInput",
     "InvalidPayload",
@@ -128,5 +130,10 @@ __all__ = [
     "Worker",
     "Workflow",
     "WorkflowNotFound",
+    "child",
     "idempotency_key",
+    "message",
+    "signal",
+    "timer",
+    "update",
 ]

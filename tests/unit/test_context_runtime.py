@@ -364,6 +364,7 @@ def _allowed(module: Any) -> set[str]:
             "ready",
             "records",
             "replay",
+            "select",
             "signals",
             "steps",
         },
