@@ -48,7 +48,7 @@ def prune(
 ) -> None:
     """Delete the app's runs that ended (succeeded, failed, canceled) before now - OLDER_THAN.
 
-    Each run goes with its journal, ledger, waits, outcomes and messages. Live
+    Each run goes with its journal, ledger, waits, outcomes, messages and updates. Live
     runs and runs in needs_attention are never pruned. Batches are paced: after
     each one the command rests --pause-factor times as long as it took (at
     most 5 s), so that pruning a large backlog leaves workers' claims their

@@ -1,7 +1,7 @@
 """The retention section of the store port: deleting runs that ended long ago.
 
 A run is pruned with everything recorded for it (journal, ledger, waits,
-outcomes, messages) once it has ended (``succeeded``, ``failed`` or
+outcomes, messages, updates) once it has ended (``succeeded``, ``failed`` or
 ``canceled``) before a cutoff. A run that is live or in ``needs_attention``
 is never pruned, whatever its age. Each call deletes a bounded batch in one
 transaction, so that pruning a large store never holds the claim path for
