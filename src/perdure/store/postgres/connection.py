@@ -290,11 +290,15 @@ class Connections:
         per connection left in the pool. ``give_up_at`` (a monotonic time;
         0: the pool's own timeout) bounds the wait of a retried transaction.
         """
-        for _ in range(_POOL_MAX + 1):
+        dropped = 0
+        while True:
             timeout = max(0.0, give_up_at - time.monotonic()) if give_up_at else None
             conn = self._pool.getconn(timeout=timeout)
-            if not _gone(conn):
+            # Past a pool's worth, the pool's fresh ones are failing: let the
+            # work meet the failure and report it.
+            if dropped >= _POOL_MAX or not _gone(conn):
                 break
+            dropped += 1
             conn.close()
             self._pool.putconn(conn)
         try:
