@@ -91,3 +91,16 @@ def test_the_pool_tries_to_replace_a_lost_connection_every_half_second_at_most()
         delays.append(attempt.delay)
     assert 0.05 < delays[0] < 0.15
     assert max(delays) == connection._RECONNECT_MAX
+
+
+def test_a_canceled_statement_is_not_a_lost_connection(store: postgres.PostgresStore) -> None:
+    calls: list[int] = []
+
+    def work(cur: Any) -> None:
+        calls.append(1)
+        cur.execute("SET LOCAL statement_timeout = 1")
+        cur.execute("SELECT pg_sleep(1)")
+
+    with pytest.raises(errors.StoreError):
+        store._transact(work)
+    assert len(calls) == 1

@@ -142,18 +142,21 @@ def _gone(conn: psycopg.Connection[Any]) -> bool:
     if conn.closed or conn.broken:
         return True
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-        if readable:
+        poller = select.poll()  # not select(): a process may hold over 1024 descriptors
+        poller.register(conn.fileno(), select.POLLIN)
+        if poller.poll(0):
             conn.pgconn.consume_input()
     except (OSError, ValueError, psycopg.Error):
         return True
     return bool(conn.pgconn.status != ConnStatus.OK)
 
 
-def _lost(exc: psycopg.Error) -> bool:
-    """Whether ``exc`` says the connection is gone (rather than a statement refused)."""
-    return isinstance(exc, psycopg.OperationalError) and (
-        exc.sqlstate is None or exc.sqlstate[:2] in ("08", "57")
+def _lost(exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> bool:
+    """Whether ``exc`` came with the loss of ``conn`` (not a statement refused or canceled)."""
+    return (
+        isinstance(exc, psycopg.OperationalError)
+        and conn is not None
+        and (conn.closed or conn.broken)
     )
 
 
@@ -242,6 +245,7 @@ class Connections:
         while True:
             attempt += 1
             committing = False
+            conn: psycopg.Connection[Any] | None = None
             try:
                 with (
                     self._connection(give_up_at) as conn,
@@ -271,7 +275,7 @@ class Connections:
                 # Lost before its commit, the transaction did not happen: run
                 # it again on a fresh connection, a few times and briefly.
                 # A single statement, or a lost commit, may have happened.
-                if not (retry and not single and not committing and _lost(exc)):
+                if not (retry and not single and not committing and _lost(exc, conn)):
                     raise self._failure(exc) from exc
                 lost += 1
                 if lost == 1:
