@@ -35,7 +35,7 @@ from perdure.store import retention
     default=retention.DEFAULT_PAUSE_FACTOR,
     show_default=True,
     help="After each batch, rest this many times as long as the batch took "
-    "(0: no rest), so that claims keep their pace.",
+    "(0: no rest), bounding pruning's share of the store's time.",
 )
 @common.options
 def prune(
@@ -51,8 +51,8 @@ def prune(
     Each run goes with its journal, ledger, waits, outcomes, messages and updates. Live
     runs and runs in needs_attention are never pruned. Batches are paced: after
     each one the command rests --pause-factor times as long as it took (at
-    most 5 s), so that pruning a large backlog leaves workers' claims their
-    pace. Workers prune on their
+    most 5 s), which bounds the share of the store's time that pruning a
+    large backlog takes. Workers prune on their
     own when the app sets a retention (App(retention=...), 30 days by default).
     """
     with common.opened(store_url) as store:
