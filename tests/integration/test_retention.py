@@ -116,6 +116,11 @@ def test_perdure_prune_deletes_by_hand(store_url: str) -> None:
         assert app.get(waiting).state == "queued"
         bad = runner.invoke(cli.cli, [*args, "--older-than", "0d"])
         assert bad.exit_code == 2
+        unpaced = runner.invoke(cli.cli, [*args, "--older-than", "1s", "--pause-factor", "0"])
+        assert unpaced.exit_code == 0, unpaced.output
+        assert json.loads(unpaced.stdout)["pruned"] == 0
+        bad = runner.invoke(cli.cli, [*args, "--older-than", "1s", "--pause-factor", "-1"])
+        assert bad.exit_code == 2
     finally:
         app.close()
 

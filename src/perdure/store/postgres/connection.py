@@ -17,17 +17,20 @@ import contextlib
 import logging
 import random
 import re
+import select
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 import psycopg
 import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import ConnStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from perdure import errors
 from perdure.store import sqlfiles
@@ -45,6 +48,17 @@ _CONNECT_TIMEOUT = 5
 _POOL_MAX = 10
 _POOL_WAIT = 30.0
 _ATTEMPTS = 5
+# A transaction cut off by a lost connection before it committed is run again
+# on a fresh connection this many times, within this many seconds: a primary
+# that failed over, or a connection the server closed, costs the caller
+# nothing; a store that stays away is still reported at once.
+_LOST_ATTEMPTS = 3
+_LOST_BUDGET = 2.0
+# psycopg_pool waits 1, 2, 4, 8... s between attempts to replace a lost
+# connection: after a failover the promoted standby was served up to 6 s
+# after it answered. perdure tries every half second at most.
+_RECONNECT_FIRST = 0.1
+_RECONNECT_MAX = 0.5
 _LISTEN_SLICE = 1.0
 _EXIT_TIMEOUT = 1.0
 
@@ -117,6 +131,54 @@ def _connect_kwargs(url: str, shown: str) -> dict[str, Any]:
     return {k: v for k, v in extra.items() if k not in params}
 
 
+def _gone(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle pooled connection was closed by the server (or its host), without I/O.
+
+    An idle connection has nothing to read unless the server sent something
+    on its own: a notice, or the end of the connection (a backend terminated,
+    a server that stopped or crashed). Only then is the input read, which
+    tells the two apart. A peer gone silent is left to the keepalives.
+    """
+    if conn.closed or conn.broken:
+        return True
+    try:
+        poller = select.poll()  # not select(): a process may hold over 1024 descriptors
+        poller.register(conn.fileno(), select.POLLIN)
+        if poller.poll(0):
+            conn.pgconn.consume_input()
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(conn.pgconn.status != ConnStatus.OK)
+
+
+def _lost(exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> bool:
+    """Whether ``exc`` came with the loss of ``conn`` (not a statement refused or canceled)."""
+    return (
+        isinstance(exc, psycopg.OperationalError)
+        and conn is not None
+        and (conn.closed or conn.broken)
+    )
+
+
+class _Attempts(AttemptWithBackoff):
+    """psycopg_pool's reconnection backoff, starting at 0.1 s and capped at 0.5 s."""
+
+    INITIAL_DELAY = _RECONNECT_FIRST
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, _RECONNECT_MAX)
+
+
+class _Pool(ConnectionPool[psycopg.Connection[Any]]):
+    """A pool that replaces a lost connection every half second at most (:class:`_Attempts`)."""
+
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        if attempt is None:
+            attempt = _Attempts(timeout=self.reconnect_timeout)
+        super()._add_connection(attempt, growing)
+
+
 class Connections:
     """The connections of one store object to one PostgreSQL database."""
 
@@ -142,7 +204,7 @@ class Connections:
             raise errors.StoreUnavailable(
                 f"cannot connect to the PostgreSQL store {self.url}: {_reason(exc)}"
             ) from None
-        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = _Pool(
             url,
             # Autocommit, so that a single-statement write is one round trip;
             # multi-statement work opens its transaction explicitly.
@@ -177,27 +239,77 @@ class Connections:
         if bridge.bridged():
             return bridge.await_(self._atransact(work, retry=retry, single=single))
         attempts = _ATTEMPTS if retry else 1
-        for attempt in range(1, attempts + 1):
+        lost = 0
+        give_up_at = 0.0
+        attempt = 0
+        while True:
+            attempt += 1
+            committing = False
+            conn: psycopg.Connection[Any] | None = None
             try:
                 with (
-                    self._pool.connection() as conn,
+                    self._connection(give_up_at) as conn,
                     contextlib.nullcontext() if single else conn.transaction(),
                     conn.cursor(row_factory=dict_row) as cur,
                 ):
-                    return work(cur)
+                    result = work(cur)
+                    # Past here a lost connection leaves the outcome unknown.
+                    committing = True
+                return result
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
-                if attempt == attempts:
+                if attempt >= attempts:
                     raise errors.StoreError(f"PostgreSQL kept aborting: {_reason(exc)}") from exc
                 time.sleep(random.uniform(0, 0.005 * attempt))
             except PoolClosed as exc:
                 raise errors.StoreError(f"the store {self.url} is closed") from exc
             except PoolTimeout as exc:
+                if lost:
+                    raise errors.StoreUnavailable(
+                        f"lost the PostgreSQL store {self.url}: no connection came back"
+                        f" within {_LOST_BUDGET:g} s"
+                    ) from exc
                 raise errors.StoreUnavailable(
                     f"no connection to the PostgreSQL store {self.url} came free in time"
                 ) from exc
             except psycopg.Error as exc:
-                raise self._failure(exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+                # Lost before its commit, the transaction did not happen: run
+                # it again on a fresh connection, a few times and briefly.
+                # A single statement, or a lost commit, may have happened.
+                if not (retry and not single and not committing and _lost(exc, conn)):
+                    raise self._failure(exc) from exc
+                lost += 1
+                if lost == 1:
+                    give_up_at = time.monotonic() + _LOST_BUDGET
+                if lost >= _LOST_ATTEMPTS or time.monotonic() >= give_up_at:
+                    raise self._failure(exc) from exc
+                log.info("lost a connection to the store %s, trying again: %s", self.url, exc)
+                time.sleep(min(_RECONNECT_FIRST * 2 ** (lost - 1), _RECONNECT_MAX))
+
+    @contextlib.contextmanager
+    def _connection(self, give_up_at: float) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection that the server has not closed while it sat in the pool.
+
+        Closed ones are dropped (the pool replaces them) and the next one is
+        taken, so that a failover or a server restart does not fail one call
+        per connection left in the pool. ``give_up_at`` (a monotonic time;
+        0: the pool's own timeout) bounds the wait of a retried transaction.
+        """
+        dropped = 0
+        while True:
+            timeout = max(0.0, give_up_at - time.monotonic()) if give_up_at else None
+            conn = self._pool.getconn(timeout=timeout)
+            # Past a pool's worth, the pool's fresh ones are failing: let the
+            # work meet the failure and report it.
+            if dropped >= _POOL_MAX or not _gone(conn):
+                break
+            dropped += 1
+            conn.close()
+            self._pool.putconn(conn)
+        try:
+            with conn:
+                yield conn
+        finally:
+            self._pool.putconn(conn)
 
     async def _atransact(self, work: Callable[[Cursor], T], *, retry: bool, single: bool) -> T:
         """:meth:`_transact` on an async connection of the running loop; ``work`` is bridged."""

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from perdure import errors
-from perdure.store import port, retention
+from perdure.store import liveport, port, retention
 from perdure.testing import clock as clocks
 from perdure.testing.conformance.harness import (
     APP,
@@ -61,6 +61,21 @@ class RetentionTests(Suite):
         assert get(store, young.run_id).state == "succeeded"
         assert [e.position for e in store.journal(young.run_id)] == [1]
         assert _prunable(store).prune(APP, cutoff) == 0
+
+    def test_prune_deletes_the_updates_sent_to_the_run(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        live = liveport.require(store)
+        run = start(store)
+        claim = claim_run(store, run).claim
+        live.deliver_update(liveport.NewUpdate(run.run_id, "u1", "bump", "1"))
+        store.finish(claim, [], state="succeeded", result="1")
+        # Kept past the run's end, for the sender's retries; not past the run.
+        assert live.get_update(run.run_id, "u1") is not None
+        clock.advance(60)
+        assert _prunable(store).prune(APP, clock.now()) == 1
+        assert live.get_update(run.run_id, "u1") is None
+        assert live.list_updates(run.run_id) == []
 
     def test_prune_never_touches_live_or_needs_attention_runs_or_other_apps(
         self, store: port.Store, clock: clocks.FakeClock

@@ -812,6 +812,8 @@ WITH journal_gone AS (
     DELETE FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[])
 ), messages_gone AS (
     DELETE FROM perdure.messages WHERE run_id = ANY(%(run_ids)s::text[])
+), updates_gone AS (
+    DELETE FROM perdure.updates WHERE run_id = ANY(%(run_ids)s::text[])
 )
 DELETE FROM perdure.runs
 WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('succeeded', 'failed', 'canceled')

@@ -650,6 +650,7 @@ DELETE FROM ledger WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 DELETE FROM waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 DELETE FROM outcomes WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 DELETE FROM messages WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM updates WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 DELETE FROM runs
 WHERE run_id IN (SELECT value FROM json_each(:run_ids))
   AND state IN ('succeeded', 'failed', 'canceled')
