@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -296,9 +296,9 @@ class Connections:
                 return
         conn.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[Tx]:
-        """Run the body as part of a durable write; return once it is committed.
+    # A plain call rather than a context manager: it runs once per step.
+    def _write(self, work: Callable[[Tx], T]) -> tuple[T, Tx]:
+        """Run ``work`` as part of a durable write; return once it is committed.
 
         Writers of this store object take turns on one open ``BEGIN
         IMMEDIATE`` transaction, each body in its own savepoint. The writer
@@ -319,7 +319,8 @@ class Connections:
             self._statement(conn, "SAVEPOINT body")
             try:
                 # The clock is read under the lock, so instants follow commit order.
-                yield Tx(conn, self._now(), self.path)
+                tx = Tx(conn, self._now(), self.path)
+                result = work(tx)
             except BaseException:
                 with suppress(sqlite3.Error):
                     conn.execute("ROLLBACK TO body")
@@ -334,6 +335,7 @@ class Connections:
         group.committed.wait()
         if group.error is not None:
             raise group.error
+        return result, tx
 
     def _statement(self, conn: sqlite3.Connection, sql: str) -> None:
         try:
@@ -390,8 +392,7 @@ class Connections:
                 return work(Tx(conn, self._now(), self.path))
             finally:
                 self._release(conn)
-        with self._write() as tx:
-            result = work(tx)
+        result, tx = self._write(work)
         if tx.notify:
             self.notify_ready()
         if tx.announce:
