@@ -104,6 +104,8 @@ def statements(script: str) -> list[str]:
 
 # SQLite runs one statement per call: a named query may hold several, run in order.
 _Q = {name: statements(text + ";") for name, text in sqlfiles.queries("sqlite").items()}
+# The queries of one statement (nearly all), looked up once per call.
+_ONE = {name: found[0] for name, found in _Q.items() if len(found) == 1}
 
 
 def _param(value: Any) -> Any:
@@ -166,13 +168,16 @@ def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any], path:
     for name, value in params.items():
         if value.__class__ not in _PLAIN:
             params[name] = _param(value)
-    statements = _Q[query]
+    single = _ONE.get(query)
     try:
-        if len(statements) == 1:  # nearly every query: no accumulation
-            cursor.execute(statements[0], params)
+        if single is not None:  # nearly every query: no accumulation
+            cursor.execute(single, params)
             # fetchall also finishes the statement, which COMMIT requires.
-            return Result(cursor.fetchall(), max(0, cursor.rowcount))
-        found: list[sqlite3.Row] = []
+            found = cursor.fetchall()
+            changed = cursor.rowcount
+            return Result(found, changed if changed > 0 else 0)
+        statements = _Q[query]
+        found = []
         changed = 0
         for statement in statements:
             cursor.execute(statement, params)
