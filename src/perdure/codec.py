@@ -128,6 +128,10 @@ def check_text(what: str, value: Any, *, limit: int = 512) -> str:
     return value
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(default=_default, separators=(",", ":"), allow_nan=False)
+
+
 def encode(value: Any, *, envelope: int = 0) -> str:
     """Return ``value`` as compact JSON text.
 
@@ -139,7 +143,7 @@ def encode(value: Any, *, envelope: int = 0) -> str:
             than :data:`MAX_DEPTH`.
     """
     try:
-        text = json.dumps(value, default=_default, separators=(",", ":"), allow_nan=False)
+        text = _ENCODER.encode(value)
     except RecursionError:
         raise errors.InvalidPayload(
             f"the value nests more than {MAX_DEPTH} arrays or objects deep"
@@ -200,7 +204,13 @@ def _name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or repr(hint)
 
 
+# Types whose exact instances convert to themselves, as _convert_class would find.
+_EXACT = (int, str, float, bool, list, dict)
+
+
 def _convert(value: Any, hint: Any) -> Any:
+    if value.__class__ is hint and hint in _EXACT:
+        return value  # the common case: no hint to inspect
     if hint is None or hint is Any or hint is typing.Any or isinstance(hint, typing.TypeVar):
         return value
     if hint is type(None):

@@ -227,19 +227,23 @@ class StepCall:
         try:
             yield
         except errors.Canceled:
-            recorded = self.runtime.recorded(self.position)
-            # Never over an unsettled effect: only an empty position, or one
-            # whose last attempt certainly did not happen.
-            if recorded is None or journal.retry_due(recorded):
-                error = journal.StepError(
-                    "Canceled",
-                    "the run was canceled before this step finished",
-                    "canceled",
-                    self.failures,
-                )
-                entry = self._entry("error", error=error.encode(), attempt=max(1, self.attempt))
-                self.runtime.finish_step(entry, [journal.Mark("step_failed", self.key)])
+            self.abandon()
             raise
+
+    def abandon(self) -> None:
+        """Record the step as canceled (see :meth:`abandoned_on_cancel`), if it may be."""
+        recorded = self.runtime.recorded(self.position)
+        # Never over an unsettled effect: only an empty position, or one
+        # whose last attempt certainly did not happen.
+        if recorded is None or journal.retry_due(recorded):
+            error = journal.StepError(
+                "Canceled",
+                "the run was canceled before this step finished",
+                "canceled",
+                self.failures,
+            )
+            entry = self._entry("error", error=error.encode(), attempt=max(1, self.attempt))
+            self.runtime.finish_step(entry, [journal.Mark("step_failed", self.key)])
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
@@ -394,17 +398,21 @@ def run(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """Run a step's attempts until one succeeds or the failure is final."""
     if call.replayed:
         return call.value
-    with call.abandoned_on_cancel():
+    # abandoned_on_cancel() and scope() written out: no generator per step.
+    try:
         call.await_retry()
         while True:
             call.before()
             try:
                 try:
-                    with call.scope():
+                    token = _STEP_KEY.set(effects.idempotency_key(call.run_id, call.key))
+                    try:
                         if call.opts.timeout is None:
                             value = fn(*args, **kwargs)
                         else:
                             value = _within(call, fn, args, kwargs)
+                    finally:
+                        _STEP_KEY.reset(token)
                 except Exception as exc:
                     delay = call.failed(exc)
                 else:
@@ -413,6 +421,9 @@ def run(call: StepCall, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
                 call.end_attempt()
             call.await_retry()
             call.runtime.pause(delay)
+    except errors.Canceled:
+        call.abandon()
+        raise
 
 
 async def arun(call: StepCall, fn: Callable[..., Awaitable[Any]], args: Any, kwargs: Any) -> Any:

@@ -163,17 +163,31 @@ class _Columns:
             self.run_id, f"{self._record}_{name}", f"expected {expected}, found {found!r}"
         )
 
+    # text, opt_text and count read the row themselves (as _value does): a run's
+    # row is read at every claim, a column at a time.
     def text(self, column: str) -> str:
-        value = _value(self._row, column)
+        try:
+            value = self._row[column]
+        except (KeyError, IndexError):
+            value = None
         if not isinstance(value, str):
             raise self._bad(column, "text")
         return value
 
     def opt_text(self, column: str) -> str | None:
-        return None if _value(self._row, column) is None else self.text(column)
+        try:
+            value = self._row[column]
+        except (KeyError, IndexError):
+            return None
+        if value.__class__ is str or value is None:
+            return value
+        return self.text(column)
 
     def count(self, column: str, minimum: int = 0) -> int:
-        value = _value(self._row, column)
+        try:
+            value = self._row[column]
+        except (KeyError, IndexError):
+            value = None
         if type(value) is not int or value < minimum:
             raise self._bad(column, f"an integer >= {minimum}")
         return value

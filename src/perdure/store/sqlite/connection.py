@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -104,6 +104,8 @@ def statements(script: str) -> list[str]:
 
 # SQLite runs one statement per call: a named query may hold several, run in order.
 _Q = {name: statements(text + ";") for name, text in sqlfiles.queries("sqlite").items()}
+# The queries of one statement (nearly all), looked up once per call.
+_ONE = {name: found[0] for name, found in _Q.items() if len(found) == 1}
 
 
 def _param(value: Any) -> Any:
@@ -166,13 +168,16 @@ def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any], path:
     for name, value in params.items():
         if value.__class__ not in _PLAIN:
             params[name] = _param(value)
-    statements = _Q[query]
+    single = _ONE.get(query)
     try:
-        if len(statements) == 1:  # nearly every query: no accumulation
-            cursor.execute(statements[0], params)
+        if single is not None:  # nearly every query: no accumulation
+            cursor.execute(single, params)
             # fetchall also finishes the statement, which COMMIT requires.
-            return Result(cursor.fetchall(), max(0, cursor.rowcount))
-        found: list[sqlite3.Row] = []
+            found = cursor.fetchall()
+            changed = cursor.rowcount
+            return Result(found, changed if changed > 0 else 0)
+        statements = _Q[query]
+        found = []
         changed = 0
         for statement in statements:
             cursor.execute(statement, params)
@@ -296,9 +301,9 @@ class Connections:
                 return
         conn.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[Tx]:
-        """Run the body as part of a durable write; return once it is committed.
+    # A plain call rather than a context manager: it runs once per step.
+    def _write(self, work: Callable[[Tx], T]) -> tuple[T, Tx]:
+        """Run ``work`` as part of a durable write; return once it is committed.
 
         Writers of this store object take turns on one open ``BEGIN
         IMMEDIATE`` transaction, each body in its own savepoint. The writer
@@ -319,7 +324,8 @@ class Connections:
             self._statement(conn, "SAVEPOINT body")
             try:
                 # The clock is read under the lock, so instants follow commit order.
-                yield Tx(conn, self._now(), self.path)
+                tx = Tx(conn, self._now(), self.path)
+                result = work(tx)
             except BaseException:
                 with suppress(sqlite3.Error):
                     conn.execute("ROLLBACK TO body")
@@ -334,6 +340,7 @@ class Connections:
         group.committed.wait()
         if group.error is not None:
             raise group.error
+        return result, tx
 
     def _statement(self, conn: sqlite3.Connection, sql: str) -> None:
         try:
@@ -390,8 +397,7 @@ class Connections:
                 return work(Tx(conn, self._now(), self.path))
             finally:
                 self._release(conn)
-        with self._write() as tx:
-            result = work(tx)
+        result, tx = self._write(work)
         if tx.notify:
             self.notify_ready()
         if tx.announce:

@@ -1,0 +1,115 @@
+"""W3's shape in one process, for comparing two trees: worker CPU per step.
+
+Starts N ten-step no-op runs on a fresh SQLite file (or the store in $URL)
+with no worker serving, then drains them with one in-process worker, polling
+the count of finished runs every 50 ms, and prints the process CPU time
+(``time.process_time``) per step spent while draining, and the CPU of child
+processes (the lease keeper) reaped by then. With ``--calls`` it profiles
+every thread the worker starts and prints Python function calls per step
+(deterministic, unlike the times). Run it against two checkouts in
+alternation::
+
+    PYTHONPATH=/work/before/src .venv/bin/python bench/step_cpu_w3.py 1500
+    PYTHONPATH=src .venv/bin/python bench/step_cpu_w3.py 1500
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# bench/profile.py would shadow the standard library's profile, which cProfile imports.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
+import argparse
+import cProfile
+import pstats
+import sqlite3
+import tempfile
+import threading
+import time
+from typing import Any
+
+import perdure
+
+
+def _noop(i: int) -> int:
+    return i
+
+
+def _profile_threads(cpu: bool) -> list[cProfile.Profile]:
+    profiles: list[cProfile.Profile] = []
+    original = threading.Thread.run
+
+    def run(self: threading.Thread) -> None:
+        # With cpu, each function's time is the thread's CPU time, not wall time.
+        profile = cProfile.Profile(time.thread_time) if cpu else cProfile.Profile()
+        profiles.append(profile)
+        profile.enable()
+        try:
+            original(self)
+        finally:
+            profile.disable()
+
+    threading.Thread.run = run  # type: ignore[method-assign]
+    return profiles
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("count", type=int, nargs="?", default=1500)
+    parser.add_argument("--calls", action="store_true", help="count function calls per step")
+    parser.add_argument("--top", type=int, default=0, help="with --calls: the top N functions")
+    parser.add_argument("--cpu", action="store_true", help="with --calls: time by thread CPU")
+    parser.add_argument("--dump", help="with --calls: write the merged profile to this file")
+    parser.add_argument("--sort", default="tottime", help="with --top: the pstats sort key")
+    args = parser.parse_args()
+    path = os.path.join(tempfile.mkdtemp(), "bench.db")
+    url = os.environ.get("URL") or f"sqlite:///{path}"
+    app = perdure.App(url, name="bench")
+    noop = app.step(name="noop")(_noop)
+
+    @app.workflow(name="ten_steps")
+    def ten_steps(ctx: perdure.Context, k: int) -> int:
+        for i in range(k):
+            noop(i)
+        return k
+
+    for _ in range(args.count):
+        app.start("ten_steps", 10)
+    db = sqlite3.connect(path)
+
+    def done() -> int:
+        row = db.execute("SELECT count(*) FROM runs WHERE state = 'succeeded'").fetchone()
+        return int(row[0])
+
+    profiles = _profile_threads(args.cpu) if args.calls else []
+    options: dict[str, Any] = {}
+    cpu, wall = time.process_time(), time.perf_counter()
+    with app.worker(**options):
+        while done() < args.count:
+            time.sleep(0.05)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    children = os.times()
+    app.close()
+    steps = args.count * 10
+    keeper = children.children_user + children.children_system
+    line = (
+        f"cpu_us/step {cpu / steps * 1e6:.1f} wall_us/step {wall / steps * 1e6:.1f}"
+        f" children_cpu_us/step {keeper / steps * 1e6:.1f}"
+    )
+    if profiles:
+        stats = pstats.Stats(profiles[0])
+        for profile in profiles[1:]:
+            stats.add(profile)
+        line += f" calls/step {stats.total_calls / steps:.1f}"  # type: ignore[attr-defined]
+        if args.dump:
+            stats.dump_stats(args.dump)
+        if args.top:
+            stats.sort_stats(args.sort).print_stats(args.top)
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
