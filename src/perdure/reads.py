@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from perdure import client as client_api
-from perdure import codec, errors, records
+from perdure import codec, errors, payloads, records
 from perdure.store import liveport, pages, port
 
 _RELATIVE = re.compile(r"^(\d{1,9})([smhdw])$")
@@ -157,6 +157,12 @@ class Reads:
         found = client_api.decode_column(run_id, "input", run.input)
         if not isinstance(found, dict):
             raise errors.CorruptState(run_id, "run_input", "input is not an object")
+        # Sealed inputs are opened when the client has the codec, else shown as stored.
+        opened = self.client.payloads.reveal(found)
+        if isinstance(opened, dict) and not payloads.sealed(opened):
+            found = opened
+        else:
+            return {k: v for k, v in found.items() if k != "trace"}
         # The record may also carry the caller's trace context: not an input.
         return {k: v for k, v in found.items() if k in ("args", "kwargs")}
 
@@ -169,7 +175,7 @@ class Reads:
                 e.kind,
                 e.name,
                 e.status,
-                _decoded(run_id, e.output),
+                self.client.payloads.reveal(_decoded(run_id, e.output)),
                 _decoded(run_id, e.error),
                 e.attempt,
             )
