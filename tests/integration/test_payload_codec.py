@@ -7,7 +7,6 @@ text) to show that no payload is stored in plaintext, on both stores.
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 from cryptography.fernet import Fernet
 
+import dbrows
 import perdure
 from perdure import payloads
 from perdure.cli import cli
@@ -28,29 +28,8 @@ KEY_OLD = Fernet.generate_key()
 KEY_NEW = Fernet.generate_key()
 
 
-def rows(url: str) -> str:
-    """Return every row of every table of the store, as text."""
-    found: list[str] = []
-    if url.startswith("sqlite:///"):
-        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
-            tables = conn.execute("select name from sqlite_master where type = 'table'")
-            for (table,) in tables.fetchall():
-                found += [repr(row) for row in conn.execute(f'select * from "{table}"')]
-        return "\n".join(found)
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        tables = conn.execute(
-            "select table_schema, table_name from information_schema.tables "
-            "where table_schema not in ('pg_catalog', 'information_schema')"
-        ).fetchall()
-        for schema, table in tables:
-            found += [row[0] for row in conn.execute(f'select t::text from "{schema}"."{table}" t')]
-    return "\n".join(found)
-
-
 def plaintext_in(url: str) -> bool:
-    text = rows(url).lower()
+    text = dbrows.dump(url).lower()
     return SECRET in text or SECRET.upper().lower() in text or "quartz" in text
 
 
