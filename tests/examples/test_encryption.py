@@ -1,6 +1,6 @@
 """examples/encryption: a worker killed inside a step; another finishes; no plaintext stored.
 
-The client (this process) and the workers (``perdure worker app:app``
+The client (this process) and the workers (``perdure worker encrypted:app``
 processes) load the example with the same keys. The first worker is killed
 with SIGKILL inside ``compose``; the second takes the run once the lease
 lapses, runs the step again and finishes it.
@@ -54,7 +54,7 @@ def env(store_url: str, tmp_path: Path) -> dict[str, str]:
 def example(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     for name in ("PERDURE_STORE", "ENCRYPTION_KEYS"):
         monkeypatch.setenv(name, env[name])
-    spec = importlib.util.spec_from_file_location("encryption_example", EXAMPLE / "app.py")
+    spec = importlib.util.spec_from_file_location("encryption_example", EXAMPLE / "encrypted.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -71,7 +71,7 @@ def workers(
     started: list[subprocess.Popen[bytes]] = []
 
     def start(name: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "perdure", "worker", "app:app"]
+        command = [sys.executable, "-m", "perdure", "worker", "encrypted:app"]
         command += ["--concurrency", "1", "--lease-ttl", "1", "--heartbeat", "0.3"]
         with open(tmp_path / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(command, cwd=EXAMPLE, env=env, stdout=log, stderr=log)

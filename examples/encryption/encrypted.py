@@ -8,11 +8,11 @@ key in front), the store from ``$PERDURE_STORE``::
     export ENCRYPTION_KEYS=$(python -c \
         "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())")
     export PERDURE_STORE=sqlite:///encrypted.db
-    python app.py start Ada 1234        # prints the run id
-    perdure worker app:app &
-    python app.py confirm RUN_ID
+    python encrypted.py start Ada 1234        # prints the run id
+    perdure worker encrypted:app &
+    python encrypted.py confirm RUN_ID
     perdure show RUN_ID --journal       # ciphertext
-    perdure --codec app:app show RUN_ID --journal   # plaintext
+    perdure --codec encrypted:app show RUN_ID --journal   # plaintext
 """
 
 from __future__ import annotations
