@@ -176,7 +176,10 @@ class Client(liveclient.LiveCalls):
         payloads: _payloads.Payloads | None = None,
     ) -> None:
         if payloads is None:
-            payloads = _payloads.Payloads(payload_limit or codec.DEFAULT_PAYLOAD_LIMIT)
+            # No codec: sealed payloads are read as they are stored, not refused.
+            payloads = _payloads.Payloads(
+                payload_limit or codec.DEFAULT_PAYLOAD_LIMIT, strict=False
+            )
         elif payload_limit is not None:
             raise errors.InvalidInput("give payload_limit or payloads, not both")
         self.store = store

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perdure import codec, errors, journal, records
+from perdure import codec, errors, journal, payloads, records
 from perdure.journal import Unreadable
 
 KINDS = frozenset({"update", "respond", "event", "stream", "stream_close"})
@@ -249,6 +249,9 @@ def view(
         raise
     except errors.InvalidPayload as exc:
         raise errors.CorruptState(run_id, "run_input_json", str(exc)) from exc
+    if payloads.sealed(data):
+        # A reader without the codec: the inputs stay sealed, the rest is shown as stored.
+        data = {"args": [], "kwargs": {}}
     if not isinstance(data, dict) or not isinstance(data.get("args"), list):
         raise errors.CorruptState(run_id, "run_input_shape", "expected {args, kwargs}")
     found = RunView(run_id, workflow, state, list(data["args"]), dict(data.get("kwargs") or {}))

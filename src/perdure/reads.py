@@ -259,14 +259,15 @@ class Reads:
         listed: list[liveport.UpdateRecord] = (
             [] if lister is None else lister(run_id, limit=updates + 1)
         )
+        reveal = self.client.payloads.reveal
         shown = [
             UpdateItem(
                 u.update_id,
                 u.name,
                 u.sequence,
                 u.state,
-                _decoded(run_id, u.payload, "update_payload"),
-                _decoded(run_id, u.response, "update_response"),
+                reveal(_decoded(run_id, u.payload, "update_payload")),
+                reveal(_decoded(run_id, u.response, "update_response")),
                 u.at,
                 u.settled_at,
             )

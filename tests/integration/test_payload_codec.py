@@ -285,3 +285,28 @@ def test_a_payload_that_looks_like_an_envelope_is_kept_apart(layer: payloads.Pay
     assert layer.open_text(layer.seal(lookalike, "x")) == lookalike
     with pytest.raises(perdure.PayloadTooLarge):
         payloads.Payloads(limit=10, payload_codec=fernet(KEY_NEW)).seal("x" * 20, "the value")
+
+
+def test_the_console_shows_ciphertext_without_the_codec_and_plaintext_with_it(
+    sqlite_url: str,
+) -> None:
+    from starlette.testclient import TestClient
+
+    from perdure.web import app as web_app
+
+    app = build(sqlite_url, fernet(KEY_NEW))
+    with Environment(app, store=sqlite_url) as env:
+        run_id = drive_flow(env, app)
+        bare = perdure.Client(env.store, "sealed")
+        for client, sealed in ((bare, True), (app.client, False)):
+            http = TestClient(
+                web_app.create_app(client, open_local=True), base_url="http://127.0.0.1:8025"
+            )
+            info = http.get(f"/api/v1/runs/{run_id}")
+            journal = http.get(f"/api/v1/runs/{run_id}/journal")
+            page = http.get(f"/runs/{run_id}")
+            assert (info.status_code, journal.status_code, page.status_code) == (200, 200, 200)
+            shown = info.text + journal.text + page.text
+            assert (SECRET in shown) is not sealed
+            assert ("$codec" in shown) is sealed
+    app.close()
