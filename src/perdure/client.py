@@ -178,7 +178,8 @@ class Client(liveclient.LiveCalls):
         if payloads is None:
             # No codec: sealed payloads are read as they are stored, not refused.
             payloads = _payloads.Payloads(
-                payload_limit or codec.DEFAULT_PAYLOAD_LIMIT, strict=False
+                codec.DEFAULT_PAYLOAD_LIMIT if payload_limit is None else payload_limit,
+                strict=False,
             )
         elif payload_limit is not None:
             raise errors.InvalidInput("give payload_limit or payloads, not both")
