@@ -56,6 +56,14 @@ def build(url: str, codec: perdure.PayloadCodec | None, **options: Any) -> perdu
         ctx.write_stream("log", secret + "-stream")
         return {"loud": loud, "approval": approval, "note": note.payload, "child": born}
 
+    @app.transaction
+    def stamp(conn: Any, text: str) -> str:
+        return text + "-stamped"
+
+    @app.workflow()
+    def stamped(ctx: perdure.Context, secret: str) -> str:
+        return stamp(secret)
+
     @app.workflow()
     def hold(ctx: perdure.Context, secret: str) -> str:
         first = shout(secret)
@@ -107,6 +115,19 @@ def test_every_payload_kind_round_trips_and_is_ciphertext_in_the_store(store_url
         assert view.step("shout") == SECRET.upper()
         assert not plaintext_in(store_url)
     app.close()
+
+
+def test_a_transaction_steps_output_is_sealed(store_url: str) -> None:
+    app = build(store_url, fernet(KEY_NEW))
+    with Environment(app, store=store_url) as env:
+        handle = env.start("stamped", SECRET)
+        env.run_until_idle()
+        assert handle.result(timeout=5) == SECRET + "-stamped"
+        [entry] = env.store.journal(handle.run_id)
+        assert entry.output is not None and json.loads(entry.output)["$codec"] == "fernet"
+        assert app.client.view(handle.run_id).step("stamp") == SECRET + "-stamped"
+    app.close()
+    assert not plaintext_in(store_url)
 
 
 def test_without_the_codec_a_client_sees_the_envelope(store_url: str) -> None:
