@@ -34,6 +34,7 @@ from perdure.errors import (
     RunFinished,
     RunNotFinished,
     RunNotFound,
+    ScheduleNotFound,
     SchemaTooNew,
     StaleClaim,
     StepFailed,
@@ -66,6 +67,7 @@ from perdure.records import (
     Wait,
 )
 from perdure.registry import Workflow
+from perdure.select import Fired, child, message, signal, timer, update
 from perdure.worker import Worker
 
 __version__ = "0.1.0"
@@ -84,6 +86,7 @@ __all__ = [
     "EffectUnsettled",
     "FernetCodec",
     "FilePayloadStore",
+    "Fired",
     "ImportFailed",
     "InvalidInput",
     "InvalidPayload",
@@ -117,6 +120,7 @@ __all__ = [
     "RunNotFound",
     "RunView",
     "ScheduleInfo",
+    "ScheduleNotFound",
     "SchemaTooNew",
     "StaleClaim",
     "StepAttempt",
@@ -138,5 +142,10 @@ __all__ = [
     "Worker",
     "Workflow",
     "WorkflowNotFound",
+    "child",
     "idempotency_key",
+    "message",
+    "signal",
+    "timer",
+    "update",
 ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from perdure import codec, errors, journal, live, ready, records, replay, signals, steps
+from perdure import codec, errors, journal, live, ready, records, replay, select, signals, steps
 
 _CURRENT: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "perdure_context", default=None
@@ -335,6 +335,24 @@ class Context:
         body: journal.Received = self._read(done, journal.Received.decode)
         self._consumed[channel] = body.sequence
         return records.Message(body.key, codec.convert(self._opened(body.payload), type))
+
+    def first(
+        self, *sources: select.Source, timeout: timedelta | float | None = None
+    ) -> select.Fired:
+        """Pause until the first of ``sources`` fires; return which one, and its value.
+
+        ``fired = ctx.first(perdure.signal("exit"), perdure.message("inbox"),
+        perdure.timer(timedelta(days=30)))``, then compare ``fired.source``
+        with each source. The sources that lose are not consumed; when several
+        are ready, the earliest in argument order wins; the journal records
+        the winner, so replay takes the same branch (see :mod:`perdure.select`).
+        In an async workflow, ``fired = await ctx.first(...)``.
+
+        Raises:
+            errors.WaitTimedOut: ``timeout`` passed before any source fired.
+            errors.ChildFailed: the child that won failed or was canceled.
+        """
+        return select.first(self, sources, timeout)
 
     # -- child runs -------------------------------------------------------------
 

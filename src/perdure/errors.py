@@ -12,7 +12,8 @@ The tree::
     │   │       └── PayloadDigestMismatch    payload_digest_mismatch
     │   ├── InvalidStoreURL                  invalid_store_url
     │   ├── ImportFailed                     import_failed     (MODULE:APP does not import)
-    │   └── AppNotFound                      app_not_found     (MODULE:APP names no App)
+    │   ├── AppNotFound                      app_not_found     (MODULE:APP names no App)
+    │   └── ScheduleNotFound                 schedule_not_found
     ├── StoreError                           store_error
     │   ├── StoreUnavailable                 store_unavailable
     │   ├── StoreDamaged                     store_damaged     (the store's file is not sound)
@@ -100,6 +101,7 @@ __all__ = [
     "RunFinished",
     "RunNotFinished",
     "RunNotFound",
+    "ScheduleNotFound",
     "SchemaTooNew",
     "StaleClaim",
     "StepFailed",
@@ -205,6 +207,12 @@ class AppNotFound(InvalidInput):
     """MODULE:APP does not name a perdure.App."""
 
     code = "app_not_found"
+
+
+class ScheduleNotFound(InvalidInput):
+    """The app has no schedule of this name in the store."""
+
+    code = "schedule_not_found"
 
 
 class StoreError(PerdureError):

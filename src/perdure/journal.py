@@ -26,6 +26,9 @@ shape::
     child_result  ok        output   Value          the child's result
     child_result  error     error    ChildEnded     {code, message, state, child_error}
     patch         ok        output   Value          true: the run took the patched path
+    first         started   output   FirstOpened    {deadlines, timeout}
+    first         ok        output   FirstFired     {index, kind, name, value}
+    first         error     error    FirstEnded     {code, message, index, name}
 
 The kinds of talking to live runs (``update``, ``respond``, ``event``,
 ``stream``, ``stream_close``) have their bodies in :mod:`perdure.live`.
@@ -616,3 +619,124 @@ def child_result(position: int, child_id: str, outcome: Outcome) -> tuple[Entry,
         body = ChildEnded.of(child_id, ended)
         entry = Entry(position, "child_result", child_id, "error", error=body.encode())
     return entry, Mark("outcome_applied", f"child:{child_id}", outcome.payload_digest)
+
+
+# -- first (the durable select) ---------------------------------------------------
+#
+# A ``first`` entry's name lists its sources in argument order
+# (``signal:exit|message:inbox|timer``), so replay refuses code that now
+# selects over other sources.
+
+
+@dataclass(frozen=True)
+class FirstOpened:
+    """A ``first`` reached before any source was ready: its deadlines, journaled once.
+
+    ``deadlines`` has one item per source, the instant of a timer and None
+    for every other kind; ``timeout`` is the instant of the call's own timeout.
+    """
+
+    deadlines: tuple[datetime | None, ...]
+    timeout: datetime | None
+
+    def encode(self) -> str:
+        shown = [d.isoformat() if d else None for d in self.deadlines]
+        timeout = self.timeout.isoformat() if self.timeout else None
+        return codec.encode({"deadlines": shown, "timeout": timeout})
+
+    @classmethod
+    def decode(cls, text: str | None) -> FirstOpened:
+        data = _object(text)
+        found = _field(data, "deadlines")
+        if not isinstance(found, list):
+            raise Unreadable("'deadlines' is not a list")
+        return cls(
+            tuple(_optional_instant(d) for d in found), _optional_instant(data.get("timeout"))
+        )
+
+
+FIRST_KINDS = ("signal", "message", "update", "child", "timer")
+"""The kinds of source a ``first`` selects over."""
+
+
+def _index(data: dict[str, Any]) -> int:
+    index = _field(data, "index")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise Unreadable("'index' is not a non-negative integer")
+    return index
+
+
+@dataclass(frozen=True)
+class FirstFired:
+    """The source that won a ``first``, and what it delivered.
+
+    ``index`` is the source's place in the call (from 0); ``name`` is the
+    wait key of a signal (``exit``, ``exit#2``), a channel, an update's name,
+    a child's run id, or None for a timer. ``value`` is the winner's own body,
+    as the kind's single wait journals it: :class:`Signaled` fields,
+    :class:`Received` fields, an update's ``{update_id, payload, sequence}``,
+    a child's :class:`ChildOutcome` ``{state, result, error}``, or None.
+    """
+
+    index: int
+    kind: str
+    name: str | None
+    value: Any
+
+    def encode(self) -> str:
+        body = {"index": self.index, "kind": self.kind, "name": self.name, "value": self.value}
+        return codec.encode(body, envelope=2)
+
+    @classmethod
+    def decode(cls, text: str | None) -> FirstFired:
+        data = _object(text)
+        kind = _text(_field(data, "kind"), "kind")
+        if kind not in FIRST_KINDS:
+            raise Unreadable(f"unknown source kind {kind!r}")
+        name = _optional_text(data.get("name"), "name")
+        if (name is None) != (kind == "timer"):
+            raise Unreadable(f"a {kind} source {'needs' if name is None else 'has no'} name")
+        value = data.get("value")
+        if kind != "timer" and not isinstance(value, dict):
+            raise Unreadable(f"the value of a {kind} source is not an object")
+        return cls(_index(data), kind, name, value)
+
+    def signaled(self) -> Signaled:
+        """Return the winning signal's body."""
+        return Signaled.decode(codec.encode(self.value, envelope=2))
+
+    def received(self) -> Received:
+        """Return the winning message's body."""
+        return Received.decode(codec.encode(self.value, envelope=2))
+
+    def child(self) -> ChildOutcome:
+        """Return the winning child's outcome."""
+        return ChildOutcome.decode(codec.encode(self.value, envelope=2))
+
+
+@dataclass(frozen=True)
+class FirstEnded:
+    """A ``first`` that no source won: its timeout passed, or a signal wait was canceled.
+
+    ``code`` is ``wait_timeout`` or ``canceled``; a cancel names the signal
+    source (``index``, and its wait key as ``name``) whose outcome it was.
+    """
+
+    code: str
+    message: str
+    index: int | None = None
+    name: str | None = None
+
+    def encode(self) -> str:
+        body = {"code": self.code, "message": self.message, "index": self.index}
+        return codec.encode({**body, "name": self.name})
+
+    @classmethod
+    def decode(cls, text: str | None) -> FirstEnded:
+        data = _object(text)
+        code = _text(_field(data, "code"), "code")
+        if code not in ("wait_timeout", "canceled"):
+            raise Unreadable(f"unknown end {code!r}")
+        index = None if data.get("index") is None else _index(data)
+        name = _optional_text(data.get("name"), "name")
+        return cls(code, _text(_field(data, "message"), "message"), index, name)

@@ -22,7 +22,7 @@ journal here, by :class:`RunView`, with no I/O: the same code serves queries,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from perdure import codec, errors, journal, payloads, records
@@ -258,6 +258,14 @@ def view(
     for entry in entries:
         if entry.kind == "step" and entry.status == "ok":
             found.steps[entry.name] = opener(_read(run_id, entry, journal.Value.decode).value)
+        if entry.kind == "first" and entry.status == "ok":
+            fired = _read(run_id, entry, journal.FirstFired.decode)
+            if fired.kind == "update" and fired.name is not None:
+                text = codec.encode(fired.value, envelope=2)
+                won = _read(run_id, replace(entry, output=text), UpdateReceived.decode)
+                found.consumed.append(
+                    records.Update(won.update_id, fired.name, opener(won.payload))
+                )
         if entry.kind not in KINDS:
             continue
         check(run_id, entry)

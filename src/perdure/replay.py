@@ -58,6 +58,10 @@ class JournalCursor:
         self._waits[name] += 1
         return effects.step_key(name, self._waits[name])
 
+    def peek_wait_key(self, name: str) -> str:
+        """Return the key the next wait on ``name`` would take, without taking it."""
+        return effects.step_key(name, self._waits[name] + 1)
+
     def next(self, call: Call) -> port.JournalEntry | None:
         """Advance to the next position and return its recorded entry, or None to execute.
 

@@ -239,12 +239,12 @@ def find(store: port.Store, app: str, name: str) -> scheduleport.ScheduleRecord:
     """Return the app's stored schedule ``name``.
 
     Raises:
-        errors.InvalidInput: the app has no schedule of that name in the store.
+        errors.ScheduleNotFound: the app has no schedule of that name in the store.
     """
     for record in _schedule_store(store).list_schedules(app):
         if record.name == name:
             return record
-    raise errors.InvalidInput(
+    raise errors.ScheduleNotFound(
         f"app {app!r} has no schedule named {name!r} in the store "
         "(a schedule is stored when a worker first serves the app)"
     )

@@ -17,10 +17,10 @@ from perdure.store import port
 
 JOURNAL_KINDS = frozenset(
     {"step", "sleep", "now", "random", "uuid", "wait", "receive", "child", "child_result", "patch"}
-    | {"update", "respond", "event", "stream", "stream_close"}
+    | {"update", "respond", "event", "stream", "stream_close", "first"}
 )
 # Kinds whose entry may stay "started": a once effect in flight, or an open wait.
-STARTED_KINDS = frozenset({"step", "wait", "receive", "update"})
+STARTED_KINDS = frozenset({"step", "wait", "receive", "update", "first"})
 ENTRY_STATUSES: frozenset[str] = frozenset(get_args(port.EntryStatus))
 OUTCOME_KINDS: frozenset[str] = frozenset(get_args(port.OutcomeKind))
 

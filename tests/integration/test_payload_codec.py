@@ -56,6 +56,14 @@ def build(url: str, codec: perdure.PayloadCodec | None, **options: Any) -> perdu
         ctx.write_stream("log", secret + "-stream")
         return {"loud": loud, "approval": approval, "note": note.payload, "child": born}
 
+    @app.workflow()
+    def chooser(ctx: perdure.Context, secret: str) -> list[Any]:
+        signaled = ctx.first(perdure.signal("pick"), perdure.message("never"))
+        received = ctx.first(perdure.signal("never"), perdure.message("notes"))
+        handle = ctx.start_child(child, secret)
+        born = ctx.first(perdure.child(handle), perdure.signal("never"))
+        return [signaled.value, received.value.payload, born.value]
+
     @app.transaction
     def stamp(conn: Any, text: str) -> str:
         return text + "-stamped"
@@ -115,6 +123,24 @@ def test_every_payload_kind_round_trips_and_is_ciphertext_in_the_store(store_url
         assert view.step("shout") == SECRET.upper()
         assert not plaintext_in(store_url)
     app.close()
+
+
+def test_ctx_first_opens_the_value_that_won(store_url: str) -> None:
+    app = build(store_url, fernet(KEY_NEW))
+    with Environment(app, store=store_url) as env:
+        handle = env.start("chooser", SECRET)
+        env.run_until_idle()
+        app.signal(handle.run_id, "pick", {"by": SECRET})
+        app.send(handle.run_id, "notes", "n-1", SECRET + "-note")
+        env.run_until_idle()
+        env.run_until_idle()
+        assert handle.result(timeout=5) == [
+            {"by": SECRET},
+            SECRET + "-note",
+            SECRET + "-child",
+        ]
+    app.close()
+    assert not plaintext_in(store_url)
 
 
 def test_a_transaction_steps_output_is_sealed(store_url: str) -> None:

@@ -376,6 +376,7 @@ def _allowed(module: Any) -> set[str]:
             "ready",
             "records",
             "replay",
+            "select",
             "signals",
             "steps",
         },

@@ -66,7 +66,7 @@ LAYERS: list[dict[str, set[str]]] = [
         "steps": {"perdure.steps"},
         "client": {"perdure.client", "perdure.reads", "perdure.liveclient"},
     },
-    {"context": {"perdure.context"}},
+    {"context": {"perdure.context", "perdure.select"}},
     {"registry": {"perdure.registry"}},
     {
         "execution": {"perdure.execution"},

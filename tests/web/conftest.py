@@ -4,7 +4,8 @@
 serves it with a worker (thread liveness) and drives four runs to where the
 tests need them: ``failed`` (a step raised), ``waiting`` (on the signal
 ``approve``), ``needs_attention`` (a ``once`` step raised) and ``hostile``
-(succeeded, inputs and key holding ``<script>``).
+(succeeded, inputs and key holding ``<script>``). ``timetable`` serves the
+scheduled app of ``tests/web/timetable.py`` on a fake clock.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ pytest.importorskip("jinja2")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from shop import World, build_world, start_family
+from timetable import Timetable, served
 
 
 @pytest.fixture
@@ -43,3 +45,14 @@ def family(world: World) -> str:
 @pytest.fixture
 def any_family(any_world: World) -> str:
     return start_family(any_world.app)
+
+
+@pytest.fixture
+def timetable(sqlite_url: str) -> Iterator[Timetable]:
+    yield from served(sqlite_url)
+
+
+@pytest.fixture
+def any_timetable(store_url: str) -> Iterator[Timetable]:
+    """The scheduled app on each store (SQLite and PostgreSQL)."""
+    yield from served(store_url)

@@ -12,10 +12,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from shop import World, start_family
+from timetable import Timetable
 
+import perdure
 from perdure.web import app as web_app
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -43,9 +46,9 @@ def _free_port() -> int:
 class Served:
     """A uvicorn server on a free loopback port, in a thread of this process."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, app: perdure.App) -> None:
         self.port = _free_port()
-        asgi = web_app.create_app(world.app.client, app=world.app)
+        asgi = web_app.create_app(app.client, app=app)
         config = uvicorn.Config(asgi, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -78,7 +81,7 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def console(world: World, browser: Browser) -> Iterator[tuple[Served, Page]]:
-    with Served(world) as served:
+    with Served(world.app) as served:
         context = browser.new_context(viewport={"width": 1360, "height": 900})
         page = context.new_page()
         page.on("dialog", lambda dialog: dialog.accept())
@@ -198,3 +201,45 @@ def test_screenshots_of_the_console(
     page.goto(f"{served.url}/runs/{family}")
     page.screenshot(path=str(folder / "console-run.png"), full_page=True)
     assert (folder / "console-runs.png").stat().st_size > 10_000
+
+
+def test_pause_a_schedule_from_its_page(
+    timetable: Timetable, browser: Browser, tmp_path: Path
+) -> None:
+    folder = DOCS if os.environ.get("PERDURE_SCREENSHOTS") == "1" else tmp_path
+    asked: list[str] = []
+
+    def confirm(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    with Served(timetable.app) as served:
+        context = browser.new_context(viewport={"width": 1360, "height": 560})
+        try:
+            page = context.new_page()
+            page.on("dialog", confirm)
+            page.goto(served.url + "/login")
+            page.fill("input[name=token]", timetable.token("operate"))
+            page.click("button[type=submit]")
+            page.wait_for_url(served.url + "/runs")
+            page.click("header.top nav >> text=Schedules")
+            page.wait_for_url(served.url + "/schedules")
+            rows = page.locator("tr.schedule")
+            assert rows.count() == 2
+            cleanup = page.locator("tr[data-schedule=cleanup_eu]")
+            assert "in 15 min" in cleanup.locator("td.next").inner_text()
+            assert "active" in cleanup.inner_text()
+            cleanup.locator("button[value=pause]").click()
+            page.wait_for_selector("[data-answer=ok]")
+            assert asked == ["Pause schedule cleanup_eu on every worker?"]
+            # The store holds it paused; the page offers to resume it.
+            assert timetable.paused("cleanup_eu")
+            cleanup = page.locator("tr[data-schedule=cleanup_eu]")
+            assert "paused" in cleanup.inner_text()
+            assert cleanup.locator("button[value=resume]").count() == 1
+            assert not timetable.paused("morning_report")
+            page.goto(served.url + "/schedules")
+            page.screenshot(path=str(folder / "console-schedules.png"), full_page=True)
+        finally:
+            context.close()
+    assert (folder / "console-schedules.png").stat().st_size > 10_000

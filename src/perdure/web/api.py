@@ -3,7 +3,7 @@
 Each endpoint is one row of :data:`ENDPOINTS`: method, path, the scope it
 needs, a summary and a handler that calls the client (never the store's SQL).
 The routes and the OpenAPI document are both built from that table, so a new
-call (schedules, tasks) is one more row.
+call is one more row.
 
 Errors are ``{"error": {"code", "message"}}`` with the status that fits
 (:func:`status_of`); a refused signal adds the stored receipt under
@@ -27,7 +27,8 @@ from starlette.routing import Route
 
 from perdure import client as client_api
 from perdure import errors
-from perdure.web import auth
+from perdure.web import auth, openapi, tree
+from perdure.web import schedules as web_schedules
 
 if TYPE_CHECKING:
     from perdure.web.app import Console
@@ -36,6 +37,7 @@ _STATUS: list[tuple[type[errors.PerdureError], int]] = [
     (errors.Unauthorized, 401),
     (errors.Forbidden, 403),
     (errors.RunNotFound, 404),
+    (errors.ScheduleNotFound, 404),
     (errors.WorkflowNotFound, 404),
     (errors.TokenNotFound, 404),
     (errors.RunEventMissing, 404),
@@ -46,6 +48,7 @@ _STATUS: list[tuple[type[errors.PerdureError], int]] = [
     # The update stays delivered and may still be answered: a retry with the
     # same update_id picks the answer up.
     (errors.UpdateTimedOut, 504),
+    (errors.ResultTimeout, 504),
     # The app's own query code raised.
     (errors.QueryFailed, 500),
     (errors.CorruptState, 500),
@@ -75,7 +78,12 @@ def jsonable(value: Any) -> Any:
 
 
 def error_body(exc: errors.PerdureError) -> dict[str, Any]:
-    """Return the JSON body of an error, with the stored receipt of a refused signal."""
+    """Return the JSON body of an error.
+
+    A refused signal adds the stored receipt under ``receipt``, an update
+    without an answer its ``update_id``, a run that ended without a result
+    its state and error under ``run``.
+    """
     body: dict[str, Any] = {"error": {"code": exc.code, "message": exc.message}}
     found = getattr(exc, "receipt", None)
     if found is not None:
@@ -83,6 +91,8 @@ def error_body(exc: errors.PerdureError) -> dict[str, Any]:
     update_id = getattr(exc, "update_id", None)
     if isinstance(update_id, str):
         body["update_id"] = update_id
+    if isinstance(exc, errors.RunFailed):
+        body["run"] = {"run_id": exc.run_id, "state": exc.state, "error": jsonable(exc.error)}
     return body
 
 
@@ -124,6 +134,8 @@ class Endpoint:
     status: int = 200
     body: tuple[str, ...] = ()
     query: tuple[tuple[str, str], ...] = ()
+    # Answers beyond the ones every call may give (400, 401, 403, 404, 409).
+    responses: tuple[tuple[int, str], ...] = ()
 
 
 # -- handlers --------------------------------------------------------------------
@@ -260,6 +272,78 @@ def _children(call: Call) -> Any:
     return call.client.children(call.path["run_id"])
 
 
+def _tree(call: Call) -> Any:
+    run_id = call.path["run_id"]
+    depth = tree.bounded("depth", call.query.get("depth"), tree.DEPTH, tree.DEPTH_MOST)
+    width = tree.bounded("width", call.query.get("width"), tree.WIDTH, tree.WIDTH_MOST)
+    limit = tree.bounded("limit", call.query.get("limit"), tree.LIMIT, tree.LIMIT_MOST)
+    found = call.console.reads.tree(
+        run_id,
+        call.query.get("cursor") or None,
+        page=limit,
+        width=width,
+        depth=depth,
+        budget=tree.BUDGET,
+    )
+    info = call.client.get(run_id)
+    return tree.document(info, found, depth=depth, width=width, limit=limit)
+
+
+def _attempts(call: Call) -> Any:
+    return call.client.attempts(call.path["run_id"])
+
+
+def _timers(call: Call) -> Any:
+    return call.client.timers(call.path["run_id"])
+
+
+RESULT_WAIT_MOST = 60.0
+
+
+def _result(call: Call) -> Any:
+    run_id = call.path["run_id"]
+    timeout = _seconds("timeout", call.query.get("timeout"), 0.0, RESULT_WAIT_MOST)
+    value = call.client.result(run_id, timeout)
+    return {"run_id": run_id, "state": "succeeded", "result": value}
+
+
+def _limited(call: Call, found: list[Any]) -> Any:
+    limit = _int(call, "limit", 100)
+    if not 1 <= limit <= 1000:
+        raise errors.InvalidInput(f"limit must be 1 to 1000, got {limit}")
+    return {"items": found[:limit], "more": max(0, len(found) - limit)}
+
+
+def _all_waits(call: Call) -> Any:
+    return _limited(call, call.client.waits())
+
+
+def _all_timers(call: Call) -> Any:
+    return _limited(call, call.client.timers())
+
+
+def _schedules(call: Call) -> Any:
+    return web_schedules.listing(call.console)
+
+
+def _schedule(call: Call) -> Any:
+    return web_schedules.one(call.console, call.path["name"])
+
+
+def _pause_schedule(call: Call) -> Any:
+    return web_schedules.pause(call.console, call.path["name"], True)
+
+
+def _resume_schedule(call: Call) -> Any:
+    return web_schedules.pause(call.console, call.path["name"], False)
+
+
+def _trigger_schedule(call: Call) -> Any:
+    name = call.path["name"]
+    run = web_schedules.trigger(call.console, name)
+    return {"schedule": name, "run_id": run.run_id, "run": run}
+
+
 UPDATE_WAIT, UPDATE_WAIT_MOST = 30.0, 300.0
 EVENT_WAIT_MOST = 60.0
 
@@ -344,7 +428,8 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("POST", RUN + "/updates/{name}", "operate",
              "Send an update and wait for the run's answer (timeout: seconds, default 30, "
              "at most 300); idempotent by update_id; 504 update_timeout carries the update_id "
-             "to retry with", _update, 200, ("payload", "update_id", "timeout")),
+             "to retry with", _update, 200, ("payload", "update_id", "timeout"),
+             responses=((504, "no answer in time"),)),
     Endpoint("GET", RUN + "/queries/{name}", "read",
              "Answer a workflow's query from the run's journal (needs the app's code)", _query),
     Endpoint("GET", RUN + "/events", "read", "The run's events: the latest value of each key",
@@ -356,6 +441,43 @@ ENDPOINTS: list[Endpoint] = [
              "A stream's items after the first ?after= (at most ?limit=, default 100); "
              "read on from next_after", _stream,
              query=(("after", "integer"), ("limit", "integer"))),
+    Endpoint("GET", RUN + "/tree", "read",
+             "The run's descendants as a nested tree (run_id, workflow, state, total, children), "
+             "cut to ?depth= levels (default 3, at most 10), ?width= children below the first "
+             "level (default 10, at most 100), ?limit= children of the run a page (default 50, "
+             "at most 200, next page at ?cursor=) and 500 runs; a node with children left out "
+             "has truncated: true and more: how many", _tree,
+             query=(("depth", "integer"), ("width", "integer"), ("limit", "integer"),
+                    ("cursor", "string"))),
+    Endpoint("GET", RUN + "/attempts", "read",
+             "The failed attempts of the run's steps, in journal order", _attempts),
+    Endpoint("GET", RUN + "/timers", "read",
+             "What only time will wake: the run's sleep, or its retry's backoff", _timers),
+    Endpoint("GET", RUN + "/result", "read",
+             "The run's result once it succeeded; ?timeout= waits up to 60 s for it to end "
+             "(504 result_timeout); a run that ended otherwise is 409 run_failed with its state "
+             "and error under run", _result, query=(("timeout", "number"),),
+             responses=((504, "the run did not end in time"),)),
+    Endpoint("GET", "/waits", "read",
+             "The app's open waits, oldest first (?limit=, default 100, at most 1000; more: "
+             "how many were left out)", _all_waits, query=(("limit", "integer"),)),
+    Endpoint("GET", "/timers", "read",
+             "The app's sleeps and retry backoffs, earliest first (?limit= as for /waits)",
+             _all_timers, query=(("limit", "integer"),)),
+    Endpoint("GET", "/schedules", "read",
+             "The app's schedules by name: cron, tz, catch_up, paused, next_tick, last_tick, "
+             "last_run_id", _schedules),
+    Endpoint("GET", "/schedules/{name}", "read",
+             "One schedule (404 schedule_not_found)", _schedule),
+    Endpoint("POST", "/schedules/{name}/pause", "operate",
+             "Stop starting the schedule's ticks, on every worker, until it is resumed",
+             _pause_schedule),
+    Endpoint("POST", "/schedules/{name}/resume", "operate",
+             "Start the schedule's ticks again; ticks passed while paused are skipped",
+             _resume_schedule),
+    Endpoint("POST", "/schedules/{name}/trigger", "operate",
+             "Start one run of the schedule now, with this instant as its tick (each call, "
+             "a run): {schedule, run_id, run}", _trigger_schedule, 201),
 ]  # fmt: skip
 
 
@@ -395,81 +517,11 @@ def _serve(console: Console, endpoint: Endpoint) -> Callable[[Request], Any]:
     return serve
 
 
-def openapi(console: Console) -> dict[str, Any]:
-    """Return the OpenAPI document of the endpoints."""
-    paths: dict[str, Any] = {}
-    error = {"$ref": "#/components/schemas/Error"}
-    for e in ENDPOINTS:
-        params = [
-            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-            for p in ("run_id", "name", "channel", "key")
-            if "{" + p + "}" in e.path
-        ]
-        params += [
-            {"name": q, "in": "query", "required": False, "schema": {"type": t}} for q, t in e.query
-        ]
-        op: dict[str, Any] = {
-            "summary": e.summary,
-            "operationId": e.handler.__name__.strip("_"),
-            "parameters": params,
-            "security": [{"bearer": []}],
-            "x-scope": e.need,
-            "responses": {
-                str(e.status): {"description": "done"},
-                **{
-                    str(s): {"description": d, "content": {"application/json": {"schema": error}}}
-                    for s, d in ((400, "bad input"), (401, "no or bad token"),
-                                 (403, "scope or app not allowed"), (404, "unknown"),
-                                 (409, "refused"),
-                                 *(((504, "no answer in time"),) if e.handler is _update
-                                   else ()))
-                },
-            },
-        }  # fmt: skip
-        if e.method == "POST":
-            op["requestBody"] = {
-                "required": False,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "properties": {name: {} for name in e.body},
-                        }
-                    }
-                },
-            }
-        paths.setdefault(e.path, {})[e.method.lower()] = op
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": f"perdure API ({console.name})", "version": "1"},
-        "servers": [{"url": "/api/v1"}],
-        "paths": paths,
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "properties": {
-                        "error": {
-                            "type": "object",
-                            "properties": {
-                                "code": {"type": "string"},
-                                "message": {"type": "string"},
-                            },
-                        },
-                        "receipt": {"type": "object"},
-                    },
-                }
-            },
-        },
-    }
-
-
 def routes(console: Console) -> list[Route]:
     """Return the API's routes (to mount under ``/api/v1``)."""
 
     async def document(request: Request) -> Response:
-        return JSONResponse(openapi(console))
+        return JSONResponse(openapi.document(console.name, ENDPOINTS))
 
     found = [Route("/openapi.json", document, methods=["GET"])]
     found += [Route(e.path, _serve(console, e), methods=[e.method]) for e in ENDPOINTS]

@@ -1,4 +1,4 @@
-"""The console's pages: runs, one run, the operator's actions, login.
+"""The console's pages: runs, one run, schedules, the operator's actions, login.
 
 Pages are rendered on the server with Jinja2 (autoescaping on, so a
 workflow name or payload holding ``<script>`` shows as text); a little plain
@@ -21,9 +21,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from perdure import errors, records
+from perdure import errors, records, schedules
 from perdure.store import port
 from perdure.web import api, auth
+from perdure.web import schedules as web_schedules
 
 if TYPE_CHECKING:
     from perdure.web.app import Caller, Console
@@ -37,6 +38,7 @@ _env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S") if valu
 
 LIVE = frozenset({"queued", "running", "waiting"})
 ACTIONS = ("signal", "send", "update", "cancel", "resume", "resolve", "fork")
+SCHEDULE_ACTIONS = ("pause", "resume", "trigger")
 
 UPDATE_WAIT = 10.0
 """How long the update form waits for the run's answer before it shows the update id."""
@@ -50,6 +52,7 @@ def _render(
         csrf=console.form_key(request),
         open_mode=console.is_open(),
         states=port.RUN_STATES,
+        here=request.url.path,
         **values,
     )
     return HTMLResponse(page, status_code=status)
@@ -89,6 +92,39 @@ def _duration(seconds: float) -> str:
 
 
 _env.filters["duration"] = _duration
+
+
+def _local(value: datetime | None, tz: str) -> str:
+    """Return an instant's wall-clock time in the schedule's zone (``06:00 CET``)."""
+    if value is None:
+        return ""
+    try:
+        where = schedules.zone(tz)
+    except errors.InvalidInput:
+        return ""
+    return value.astimezone(where).strftime("%a %H:%M %Z")
+
+
+def _until(value: datetime | None, now: datetime) -> str:
+    """Return how far an instant is from ``now``: ``in 2 h 5 min``, ``3 min ago``."""
+    if value is None:
+        return ""
+    seconds = (value - now).total_seconds()
+    left = abs(seconds)
+    if left < 60:
+        text = f"{int(left)} s"
+    elif left < 3600:
+        text = f"{int(left // 60)} min"
+    elif left < 48 * 3600:
+        hours, minutes = divmod(int(left // 60), 60)
+        text = f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    else:
+        text = f"{left / 86400:.0f} days"
+    return f"in {text}" if seconds >= 0 else f"{text} ago"
+
+
+_env.filters["local"] = _local
+_env.filters["until"] = _until
 
 
 def _once_steps(history: list[records.Provenance], journal: list[records.JournalItem]) -> set[str]:
@@ -183,6 +219,26 @@ def _act(console: Console, caller: Caller, run_id: str, action: str, form: Any) 
         handle = client.fork(run_id, field("from_step").strip() or None, live=field("live") == "on")
         return {"forked": handle.run_id}
     raise errors.InvalidInput(f"unknown action {action!r}")
+
+
+def _schedules_view(console: Console) -> dict[str, Any]:
+    found = web_schedules.listing(console)
+    return {
+        "schedules": found,
+        "last_runs": web_schedules.last_runs(console, found),
+        "now": web_schedules.now(console),
+        "from_code": console.app is not None,
+    }
+
+
+def _act_on_schedule(console: Console, caller: Caller, name: str, action: str) -> Any:
+    """Pause, resume or trigger the schedule ``name``; return the engine's answer."""
+    auth.require(caller.scope, "operate")
+    if action == "trigger":
+        run = web_schedules.trigger(console, name)
+        return {"schedule": name, "run_id": run.run_id, "state": run.state}
+    info = web_schedules.pause(console, name, action == "pause")
+    return {"schedule": name, "paused": info.paused, "next_tick": info.next_tick}
 
 
 def routes(console: Console) -> list[Route]:
@@ -329,6 +385,60 @@ def routes(console: Console) -> list[Route]:
             **view,
         )
 
+    async def schedules_page(request: Request) -> Response:
+        try:
+            caller = console.caller(request, cookie=True)
+            auth.require(caller.scope, "read")
+            view = await run_in_threadpool(_schedules_view, console)
+        except errors.PerdureError as exc:
+            return _refused(request, console, exc)
+        return _render(
+            request,
+            console,
+            "schedules.html",
+            caller=caller,
+            can_operate=auth.allows(caller.scope, "operate"),
+            action=None,
+            target=None,
+            answer=None,
+            refusal=None,
+            **view,
+        )
+
+    async def schedule_action(request: Request) -> Response:
+        name, action = request.path_params["name"], request.path_params["action"]
+        form = await request.form()
+        answer: Any = None
+        refusal: errors.PerdureError | None = None
+        try:
+            caller = console.caller(request, cookie=True)
+            if caller.via != "bearer":
+                console.check_form_key(request, str(form.get("csrf") or ""))
+            if action not in SCHEDULE_ACTIONS:
+                raise errors.InvalidInput(f"unknown action {action!r}")
+            answer = await run_in_threadpool(_act_on_schedule, console, caller, name, action)
+        except (errors.Unauthorized, errors.Forbidden) as exc:
+            return _refused(request, console, exc)
+        except errors.PerdureError as exc:
+            refusal = exc
+        try:
+            view = await run_in_threadpool(_schedules_view, console)
+        except errors.PerdureError as exc:
+            return _refused(request, console, refusal or exc)
+        return _render(
+            request,
+            console,
+            "schedules.html",
+            200 if refusal is None else api.status_of(refusal),
+            caller=caller,
+            can_operate=auth.allows(caller.scope, "operate"),
+            action=action,
+            target=name,
+            answer=None if answer is None else api.jsonable(answer),
+            refusal=None if refusal is None else api.error_body(refusal),
+            **view,
+        )
+
     return [
         Route("/", home, methods=["GET"]),
         Route("/login", login_form, methods=["GET"]),
@@ -337,4 +447,6 @@ def routes(console: Console) -> list[Route]:
         Route("/runs", runs, methods=["GET"]),
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/actions/{action}", action, methods=["POST"]),
+        Route("/schedules", schedules_page, methods=["GET"]),
+        Route("/schedules/{name}/actions/{action}", schedule_action, methods=["POST"]),
     ]
