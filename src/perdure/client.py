@@ -23,7 +23,6 @@ from perdure import (
     errors,
     journal,
     liveclient,
-    payloads,
     records,
     signals,
     telemetry,
@@ -84,11 +83,12 @@ def decode_column(run_id: str, column: str, text: str | None) -> Any:
         raise errors.CorruptState(run_id, f"run_{column}_json", str(exc)) from exc
 
 
-def run_info(run: port.Run, opener: payloads.Payloads | None = None) -> records.RunInfo:
+def run_info(run: port.Run, opener: Callable[[Any], Any] | None = None) -> records.RunInfo:
     """Convert a stored run to what clients see, refusing unreadable columns.
 
-    The result is opened by ``opener`` (the app's payload layer); without
-    one, a sealed result is given as it is stored.
+    The result is opened by ``opener`` (the app's payload layer's ``open``,
+    or its ``reveal`` for display); without one, a sealed result is given as
+    it is stored.
     """
     error = decode_column(run.run_id, "error", run.error)
     if error is not None and not isinstance(error, dict):
@@ -98,7 +98,7 @@ def run_info(run: port.Run, opener: payloads.Payloads | None = None) -> records.
         workflow=run.workflow,
         version=run.version,
         state=run.state,
-        result=(opener or _AS_STORED).open(decode_column(run.run_id, "result", run.result)),
+        result=(opener or _as_stored)(decode_column(run.run_id, "result", run.result)),
         error=error,
         attempt=run.generation,
         failures=run.failures,
@@ -118,7 +118,8 @@ def _child_id(entry: port.JournalEntry) -> str | None:
         return None
 
 
-_AS_STORED = payloads.PLAIN.lenient()
+def _as_stored(value: Any) -> Any:
+    return value
 
 
 class RunHandle(Generic[R]):
@@ -251,7 +252,7 @@ class Client(liveclient.LiveCalls):
 
     def get(self, run_id: str) -> records.RunInfo:
         """Return the run's current information."""
-        return run_info(self._run(run_id), self.payloads)
+        return run_info(self._run(run_id), self.payloads.open)
 
     def runs(
         self, state: str | None = None, workflow: str | None = None, limit: int = 100
@@ -264,7 +265,7 @@ class Client(liveclient.LiveCalls):
         if limit < 1:
             raise errors.InvalidInput(f"limit must be at least 1, got {limit}")
         found = self.store.list_runs(self.app, state=state, workflow=workflow, limit=limit)
-        return [run_info(r, self.payloads) for r in found]
+        return [run_info(r, self.payloads.open) for r in found]
 
     def result(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
         """Wait for the run to end; return its result or raise RunFailed."""

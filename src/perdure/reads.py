@@ -138,7 +138,8 @@ class Reads:
         more = len(found) > limit
         shown = found[:limit]
         return records.RunPage(
-            [client_api.run_info(r) for r in shown], encode_cursor(shown[-1]) if more else None
+            [client_api.run_info(r, self.client.payloads.reveal) for r in shown],
+            encode_cursor(shown[-1]) if more else None,
         )
 
     def find(self, text: str) -> records.RunInfo | None:
@@ -149,7 +150,7 @@ class Reads:
         run = self.client.store.get_run(text)
         if run is None or run.app != self.client.app:
             run = self._paged.run_by_key(self.client.app, text)
-        return None if run is None else client_api.run_info(run)
+        return None if run is None else client_api.run_info(run, self.client.payloads.reveal)
 
     def inputs(self, run_id: str) -> dict[str, Any]:
         """Return the run's inputs: ``{"args": [...], "kwargs": {...}}``."""
@@ -207,7 +208,7 @@ class Reads:
         after = decode_cursor(cursor) if cursor else None
         found = self._paged.page_children(run_id, after=after, limit=page + 1)
         shown = found[:page]
-        nodes = [ChildNode(client_api.run_info(r)) for r in shown]
+        nodes = [ChildNode(client_api.run_info(r, self.client.payloads.reveal)) for r in shown]
         left = budget - len(nodes)
         level, below = nodes, 1
         while level:
@@ -216,7 +217,10 @@ class Reads:
                 take = min(width, left) if below < depth else 0
                 if take > 0:
                     kids = self._paged.page_children(node.run.run_id, limit=take + 1)
-                    node.children = [ChildNode(client_api.run_info(r)) for r in kids[:take]]
+                    node.children = [
+                        ChildNode(client_api.run_info(r, self.client.payloads.reveal))
+                        for r in kids[:take]
+                    ]
                     left -= len(node.children)
                     deeper += node.children
                     if len(kids) <= take:

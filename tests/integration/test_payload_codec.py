@@ -353,7 +353,10 @@ def test_the_console_shows_ciphertext_without_the_codec_and_plaintext_with_it(
             journal = http.get(f"/api/v1/runs/{run_id}/journal")
             page = http.get(f"/runs/{run_id}")
             assert (info.status_code, journal.status_code, page.status_code) == (200, 200, 200)
-            shown = info.text + journal.text + page.text
+            listing = http.get("/api/v1/runs?state=succeeded")
+            assert listing.status_code == 200
+            assert (SECRET.upper() in listing.text) is not sealed
+            shown = info.text + journal.text + page.text + listing.text
             assert (SECRET in shown) is not sealed
             assert ("$codec" in shown) is sealed
     app.close()
