@@ -22,7 +22,10 @@ from perdure.errors import (
     NonDeterminism,
     NotCanceled,
     NotResolvable,
+    PayloadDigestMismatch,
+    PayloadMissing,
     PayloadTooLarge,
+    PayloadUnreadable,
     PerdureError,
     QueryFailed,
     ResultTimeout,
@@ -49,7 +52,9 @@ from perdure.errors import (
     WaitTimedOut,
     WorkflowNotFound,
 )
+from perdure.fernet import FernetCodec
 from perdure.live import RunView
+from perdure.payloads import FilePayloadStore, PayloadCodec, PayloadStore
 from perdure.ready import Ready
 from perdure.records import (
     Message,
@@ -79,6 +84,8 @@ __all__ = [
     "DemoFailed",
     "EffectFailed",
     "EffectUnsettled",
+    "FernetCodec",
+    "FilePayloadStore",
     "Fired",
     "ImportFailed",
     "InvalidInput",
@@ -91,7 +98,12 @@ __all__ = [
     "NonDeterminism",
     "NotCanceled",
     "NotResolvable",
+    "PayloadCodec",
+    "PayloadDigestMismatch",
+    "PayloadMissing",
+    "PayloadStore",
     "PayloadTooLarge",
+    "PayloadUnreadable",
     "PerdureError",
     "Provenance",
     "QueryFailed",

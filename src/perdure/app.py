@@ -13,7 +13,8 @@ from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 from perdure import client as client_api
-from perdure import codec, context, effects, errors, registry, schedules, timetable
+from perdure import codec, context, effects, errors, payloads, registry, schedules, timetable
+from perdure import codec as json_codec
 from perdure import telemetry as telemetry_api
 from perdure import worker as worker_api
 from perdure.store import DEFAULT_LEDGER_LIMIT, default_url, open_store, port
@@ -63,6 +64,14 @@ class App(timetable.Timetable):
     check that run by the same bound. ``telemetry`` receives the engine's
     instrumentation hooks (``perdure.otel.OpenTelemetry()`` for spans and
     metrics; the default does nothing).
+
+    ``codec`` (a :class:`perdure.PayloadCodec`, e.g. :class:`perdure.FernetCodec`)
+    seals every payload this app's clients and workers write, and opens every
+    one they read; ``payload_store`` (e.g. :class:`perdure.FilePayloadStore`)
+    takes the payloads whose stored form is over ``offload_above`` bytes
+    (256 KiB), the database keeping a reference and a digest. ``payload_limit``
+    bounds a payload's JSON before the codec: 2 MiB, or 64 MiB with a payload
+    store (see :mod:`perdure.payloads`).
     """
 
     def __init__(
@@ -73,16 +82,25 @@ class App(timetable.Timetable):
         clock: port.Clock | None = None,
         ledger_limit: int = DEFAULT_LEDGER_LIMIT,
         max_failures: int = 8,
-        payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT,
+        payload_limit: int | None = None,
         retention: timedelta | None = DEFAULT_RETENTION,
         telemetry: telemetry_api.Telemetry | None = None,
+        codec: payloads.PayloadCodec | None = None,
+        payload_store: payloads.PayloadStore | None = None,
+        offload_above: int = payloads.DEFAULT_OFFLOAD_ABOVE,
     ) -> None:
         if not _NAME.match(name):
             raise errors.InvalidInput(f"app name {name!r} must be a short identifier")
         if max_failures < 1:
             raise errors.InvalidInput(f"max_failures must be at least 1, got {max_failures}")
-        if payload_limit < 1:
-            raise errors.InvalidInput(f"payload_limit must be at least 1, got {payload_limit}")
+        if payload_limit is None:
+            payload_limit = (
+                json_codec.DEFAULT_PAYLOAD_LIMIT
+                if payload_store is None
+                else payloads.OFFLOAD_PAYLOAD_LIMIT
+            )
+        # One layer seals every payload this app writes and opens every one it reads.
+        self.payloads = payloads.Payloads(payload_limit, codec, payload_store, offload_above)
         if retention is not None and retention <= timedelta(0):
             raise errors.InvalidInput(f"retention must be positive or None, got {retention}")
         self.name = name
@@ -128,7 +146,7 @@ class App(timetable.Timetable):
         """The app's client: the calls that need no workflow code."""
         if self._client is None:
             self._client = client_api.Client(
-                self.store, self.name, self.telemetry, payload_limit=self.payload_limit
+                self.store, self.name, self.telemetry, payloads=self.payloads.lenient()
             )
         return self._client
 

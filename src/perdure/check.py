@@ -27,6 +27,7 @@ from perdure import (
     errors,
     journal,
     live,
+    payloads,
     registry,
     replay,
     steps,
@@ -190,6 +191,10 @@ class ReplayRuntime:
     def payload_limit(self) -> int:
         return self._registry.payload_limit
 
+    @property
+    def payloads(self) -> payloads.Payloads:
+        return self._registry.payloads
+
     def step_attempt(self, key: str, effect: str, attempt: int) -> telemetry.Span:
         raise _Frontier(f"the replay would run step {key!r}")
 
@@ -203,8 +208,10 @@ class ReplayRuntime:
         self._stop()
 
 
-def _inputs(run: port.Run, wf: registry.WorkflowDef) -> tuple[list[Any], dict[str, Any]]:
-    data = codec.decode(run.input)
+def _inputs(
+    run: port.Run, wf: registry.WorkflowDef, opener: payloads.Payloads
+) -> tuple[list[Any], dict[str, Any]]:
+    data = opener.open_text(run.input)
     if not isinstance(data, dict) or not isinstance(data.get("args"), list):
         raise errors.CorruptState(run.run_id, "run_input_shape", "expected {args, kwargs}")
     names = list(wf.params)
@@ -254,7 +261,7 @@ def check_run(
     try:
         validation.journal(run.run_id, entries)
         cursor = CheckingCursor(run.run_id, entries)
-        args, kwargs = _inputs(run, wf)
+        args, kwargs = _inputs(run, wf, reg.payloads)
     except (errors.CorruptState, errors.InvalidPayload) as exc:
         return mismatch(0, "an unreadable journal or input", f"cannot be replayed: {exc}")
     ctx = context.Context(

@@ -28,6 +28,7 @@ from perdure import (
     telemetry,
     validation,
 )
+from perdure import payloads as _payloads
 from perdure.store import port
 
 P = ParamSpec("P")
@@ -82,8 +83,13 @@ def decode_column(run_id: str, column: str, text: str | None) -> Any:
         raise errors.CorruptState(run_id, f"run_{column}_json", str(exc)) from exc
 
 
-def run_info(run: port.Run) -> records.RunInfo:
-    """Convert a stored run to what clients see, refusing unreadable columns."""
+def run_info(run: port.Run, opener: Callable[[Any], Any] | None = None) -> records.RunInfo:
+    """Convert a stored run to what clients see, refusing unreadable columns.
+
+    The result is opened by ``opener`` (the app's payload layer's ``open``,
+    or its ``reveal`` for display); without one, a sealed result is given as
+    it is stored.
+    """
     error = decode_column(run.run_id, "error", run.error)
     if error is not None and not isinstance(error, dict):
         raise errors.CorruptState(run.run_id, "run_error_shape", "error is not an object")
@@ -92,7 +98,7 @@ def run_info(run: port.Run) -> records.RunInfo:
         workflow=run.workflow,
         version=run.version,
         state=run.state,
-        result=decode_column(run.run_id, "result", run.result),
+        result=(opener or _as_stored)(decode_column(run.run_id, "result", run.result)),
         error=error,
         attempt=run.generation,
         failures=run.failures,
@@ -110,6 +116,10 @@ def _child_id(entry: port.JournalEntry) -> str | None:
         return journal.ChildStarted.decode(entry.output).run_id
     except journal.Unreadable:
         return None
+
+
+def _as_stored(value: Any) -> Any:
+    return value
 
 
 class RunHandle(Generic[R]):
@@ -163,15 +173,24 @@ class Client(liveclient.LiveCalls):
         app: str,
         telemetry: telemetry.Telemetry = telemetry.NONE,
         *,
-        payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT,
+        payload_limit: int | None = None,
+        payloads: _payloads.Payloads | None = None,
     ) -> None:
-        if payload_limit < 1:
-            raise errors.InvalidInput(f"payload_limit must be at least 1, got {payload_limit}")
+        if payloads is None:
+            # No codec: sealed payloads are read as they are stored, not refused.
+            payloads = _payloads.Payloads(
+                codec.DEFAULT_PAYLOAD_LIMIT if payload_limit is None else payload_limit,
+                strict=False,
+            )
+        elif payload_limit is not None:
+            raise errors.InvalidInput("give payload_limit or payloads, not both")
         self.store = store
         self.app = app
         # Runs started here carry the caller's trace context, for their spans.
         self.telemetry = telemetry
-        self.payload_limit = payload_limit
+        # The app's payload layer: it seals what is sent and opens what is read.
+        self.payloads = payloads
+        self.payload_limit = payloads.limit
 
     # -- runs -----------------------------------------------------------------
 
@@ -196,10 +215,8 @@ class Client(liveclient.LiveCalls):
         """
         if key is not None:
             codec.check_text("a run key", key)
-        text = codec.check_size(
-            codec.encode({"args": list(args), "kwargs": kwargs or {}}, envelope=2),
-            self.payload_limit,
-            "the run's input",
+        text = self.payloads.seal(
+            {"args": list(args), "kwargs": kwargs or {}}, "the run's input", envelope=2
         )
         text = telemetry.with_trace(text, self.telemetry.trace_context())
         new = port.NewRun(
@@ -211,7 +228,7 @@ class Client(liveclient.LiveCalls):
             key=key,
         )
         run, created = self.store.create_run(new)
-        if not created and not port.same_start(run, new):
+        if not created and not port.same_start(run, new, self.payloads.open_text):
             raise errors.KeyConflict(str(key), run, workflow)
         return RunHandle[Any](self, run.run_id, hint, created=created)
 
@@ -235,7 +252,7 @@ class Client(liveclient.LiveCalls):
 
     def get(self, run_id: str) -> records.RunInfo:
         """Return the run's current information."""
-        return run_info(self._run(run_id))
+        return run_info(self._run(run_id), self.payloads.open)
 
     def runs(
         self, state: str | None = None, workflow: str | None = None, limit: int = 100
@@ -248,7 +265,7 @@ class Client(liveclient.LiveCalls):
         if limit < 1:
             raise errors.InvalidInput(f"limit must be at least 1, got {limit}")
         found = self.store.list_runs(self.app, state=state, workflow=workflow, limit=limit)
-        return [run_info(r) for r in found]
+        return [run_info(r, self.payloads.open) for r in found]
 
     def result(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
         """Wait for the run to end; return its result or raise RunFailed."""
@@ -365,7 +382,7 @@ class Client(liveclient.LiveCalls):
         if run.state in port.TERMINAL_STATES:
             return signals.ended_answer(self.store, run, name, signal_id)
         try:
-            return signals.deliver(self.store, run, name, payload, signal_id, self.payload_limit)
+            return signals.deliver(self.store, run, name, payload, signal_id, self.payloads)
         except errors.RunFinished:
             # The run ended after it was read: its journal answers, as above.
             return signals.ended_answer(self.store, self._run(run_id), name, signal_id)
@@ -377,7 +394,7 @@ class Client(liveclient.LiveCalls):
         run = self._run(run_id)
         if run.state in port.TERMINAL_STATES:
             raise errors.RunFinished(run_id, run.state)
-        text = codec.check_size(codec.encode(payload), self.payload_limit, "the message")
+        text = self.payloads.seal(payload, "the message")
         return self.store.send(port.NewMessage(run_id, channel, key, text))
 
     def _settle_expired(self, waits: list[port.WaitRecord]) -> list[port.WaitRecord]:
@@ -499,9 +516,7 @@ class Client(liveclient.LiveCalls):
                 "step",
                 step,
                 "ok",
-                codec.check_size(
-                    journal.Value(output).encode(), self.payload_limit, "the resolved output"
-                ),
+                self.payloads.seal(output, "the resolved output"),
                 journal.Attempts(earlier).encode(),
                 attempt=entry.attempt,
             )

@@ -202,6 +202,10 @@ class Context:
         except ValueError as exc:
             raise steps.unreadable(self.run_id, entry, exc) from exc
 
+    def _opened(self, value: Any) -> Any:
+        """Return the payload a recorded value holds (see :func:`steps.opened`)."""
+        return steps.opened(self._runtime, value)
+
     def _record(self, kind: str, name: str, text: str) -> None:
         self._runtime.buffer(journal.Entry(self._cursor.position, kind, name, "ok", text))
 
@@ -293,7 +297,7 @@ class Context:
             self._runtime.buffer(done, mark)
         if done.status == "ok":
             return self._give(
-                codec.convert(self._read(done, journal.Signaled.decode).payload, type)
+                codec.convert(self._opened(self._read(done, journal.Signaled.decode).payload), type)
             )
         ended: journal.WaitEnded = self._read(done, journal.WaitEnded.decode)
         if ended.code == "canceled":
@@ -330,7 +334,7 @@ class Context:
             raise errors.WaitTimedOut(f"receive on {channel!r} timed out")
         body: journal.Received = self._read(done, journal.Received.decode)
         self._consumed[channel] = body.sequence
-        return records.Message(body.key, codec.convert(body.payload, type))
+        return records.Message(body.key, codec.convert(self._opened(body.payload), type))
 
     def first(
         self, *sources: select.Source, timeout: timedelta | float | None = None
@@ -374,8 +378,9 @@ class Context:
             codec.check_text("a child key", key)
         # A caller's key is scoped to this parent, so two parents never share a child.
         child_key = f"{self.run_id}/{key or self._cursor.position}"
-        text = codec.encode({"args": list(args), "kwargs": kwargs}, envelope=2)
-        codec.check_size(text, self._runtime.payload_limit, f"the input of child {name}")
+        text = self._runtime.payloads.seal(
+            {"args": list(args), "kwargs": kwargs}, f"the input of child {name}", envelope=2
+        )
         [run_id] = self._runtime.create_children([NewChild(name, version, text, child_key)])
         self._record("child", name, journal.ChildStarted(run_id).encode())
         return ChildHandle(run_id, self, hint)
@@ -404,8 +409,9 @@ class Context:
             position = self._cursor.position
             args, kwargs = _item_arguments(item)
             _, kwargs = self._runtime.child_call(workflow, None, args, kwargs)
-            text = codec.encode({"args": list(args), "kwargs": kwargs}, envelope=2)
-            codec.check_size(text, self._runtime.payload_limit, f"the input of child {name}")
+            text = self._runtime.payloads.seal(
+                {"args": list(args), "kwargs": kwargs}, f"the input of child {name}", envelope=2
+            )
             child = NewChild(name, version, text, f"{self.run_id}/{position}")
             fresh.append((len(run_ids), position, child))
             run_ids.append(child.key)
@@ -426,7 +432,7 @@ class Context:
             entry, mark = journal.child_result(self._cursor.position, child_id, outcome)
             self._runtime.buffer(entry, mark)
         if entry.status == "ok":
-            return codec.convert(journal.Value.decode(entry.output).value, hint)
+            return codec.convert(self._opened(journal.Value.decode(entry.output).value), hint)
         ended = journal.ChildEnded.decode(entry.error or "{}")
         raise errors.ChildFailed(child_id, str(ended.state), ended.child_error)
 
@@ -488,7 +494,7 @@ class Context:
             raise errors.WaitTimedOut(f"no update {name!r} arrived before the timeout")
         body: live.UpdateReceived = self._read(done, live.UpdateReceived.decode)
         self._live.updates[name] = body.sequence
-        return records.Update(body.update_id, name, codec.convert(body.payload, type))
+        return records.Update(body.update_id, name, codec.convert(self._opened(body.payload), type))
 
     def respond(self, update: records.Update, value: Any = None) -> None:
         """Answer ``update`` with ``value``: journaled, and returned to its sender.
@@ -500,8 +506,7 @@ class Context:
             raise errors.InvalidInput(f"update {update.update_id!r} was already answered")
         entry = self._next(replay.Call("respond", update.name))
         if entry is None:
-            text = codec.encode(value)
-            codec.check_size(text, self._runtime.payload_limit, "the update's response")
+            text = self._runtime.payloads.seal(value, "the update's response")
             body = live.Responded(update.update_id, codec.decode(text)).encode()
             entry = journal.Entry(self._cursor.position, "respond", update.name, "ok", body)
             self._runtime.answer_update(entry, update.update_id, text)
@@ -525,9 +530,8 @@ class Context:
             self._runtime.record_live(journal.Entry(self._cursor.position, kind, key, "ok", text))
 
     def _sized(self, value: Any, what: str) -> Any:
-        """Return ``value`` as replay will read it back, refusing one over the payload limit."""
-        text = codec.check_size(codec.encode(value), self._runtime.payload_limit, what)
-        return codec.decode(text)
+        """Return ``value`` as it is recorded (sealed), refusing one over the payload limit."""
+        return self._runtime.payloads.sealed_value(value, what)
 
     def set_event(self, key: str, value: Any) -> None:
         """Set event ``key`` to ``value`` (durable; readers see the latest value per key)."""

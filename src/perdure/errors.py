@@ -6,7 +6,10 @@ The tree::
     ├── InvalidInput (+ ValueError)          invalid_input
     │   ├── LeaseTimingInvalid               lease_timing_invalid
     │   ├── InvalidPayload                   invalid_payload
-    │   │   └── PayloadTooLarge              payload_too_large
+    │   │   ├── PayloadTooLarge              payload_too_large
+    │   │   └── PayloadUnreadable            payload_unreadable (this app cannot open it)
+    │   │       ├── PayloadMissing           payload_missing   (not in the payload store)
+    │   │       └── PayloadDigestMismatch    payload_digest_mismatch
     │   ├── InvalidStoreURL                  invalid_store_url
     │   ├── ImportFailed                     import_failed     (MODULE:APP does not import)
     │   ├── AppNotFound                      app_not_found     (MODULE:APP names no App)
@@ -86,7 +89,10 @@ __all__ = [
     "NonDeterminism",
     "NotCanceled",
     "NotResolvable",
+    "PayloadDigestMismatch",
+    "PayloadMissing",
     "PayloadTooLarge",
+    "PayloadUnreadable",
     "PerdureError",
     "QueryFailed",
     "ResultTimeout",
@@ -165,6 +171,24 @@ class PayloadTooLarge(InvalidPayload):
             f"{what} is {size:,} bytes of JSON, over the limit of {limit:,} bytes "
             "(App(payload_limit=...))"
         )
+
+
+class PayloadUnreadable(InvalidPayload):
+    """A stored payload is sealed by a codec this app does not have, or cannot be decoded."""
+
+    code = "payload_unreadable"
+
+
+class PayloadMissing(PayloadUnreadable):
+    """An offloaded payload is not in the payload store."""
+
+    code = "payload_missing"
+
+
+class PayloadDigestMismatch(PayloadUnreadable):
+    """An offloaded payload's bytes in the payload store are not the ones its reference names."""
+
+    code = "payload_digest_mismatch"
 
 
 class InvalidStoreURL(InvalidInput):

@@ -28,6 +28,7 @@ from perdure import (
     journal,
     live,
     logs,
+    payloads,
     replay,
     steps,
     telemetry,
@@ -165,6 +166,10 @@ class Execution:
     def payload_limit(self) -> int:
         return self.host.registry.payload_limit
 
+    @property
+    def payloads(self) -> payloads.Payloads:
+        return self.host.registry.payloads
+
     def now(self) -> datetime:
         now: datetime = self._guarded(self.store.now)
         return now
@@ -234,7 +239,7 @@ class Execution:
             if (
                 found is not None
                 and found.run_id != asked.run_id
-                and not port.same_start(found, asked)
+                and not port.same_start(found, asked, self.payloads.open_text)
             ):
                 raise errors.KeyConflict(str(asked.key), found, asked.workflow)
         return [by_key[run.key].run_id if run.key in by_key else run.run_id for run in new]
@@ -442,6 +447,10 @@ class Execution:
                 "needs_attention", error=_error(exc.code, str(exc), invariant=exc.invariant)
             )
             return None
+        except errors.PayloadUnreadable as exc:
+            # Sealed by a codec (or a key) this worker lacks: fixable, not failed.
+            self._finish("needs_attention", error=_error(exc.code, f"the run's input: {exc}"))
+            return None
         except errors.InvalidPayload as exc:
             # Well-formed input that this version's type hints do not accept.
             self._finish("failed", error=_error(exc.code, f"the run's input: {exc}"))
@@ -450,7 +459,9 @@ class Execution:
 
     def _inputs(self, wf: registry_api.WorkflowDef) -> tuple[list[Any], dict[str, Any]]:
         try:
-            data = codec.decode(self.run_.input)
+            data = self.payloads.open_text(self.run_.input)
+        except errors.PayloadUnreadable:
+            raise
         except errors.InvalidPayload as exc:
             raise errors.CorruptState(self.run_.run_id, "run_input_json", str(exc)) from exc
         if not isinstance(data, dict) or not isinstance(data.get("args"), list):
@@ -511,9 +522,7 @@ class Execution:
                 self._settle(exc)
                 return None
             try:
-                text = codec.check_size(
-                    codec.encode(result), self.payload_limit, "the workflow's result"
-                )
+                text = self.payloads.seal(result, "the workflow's result")
             except errors.InvalidPayload as exc:
                 self._finish("failed", error=_error(exc.code, str(exc)))
                 return None

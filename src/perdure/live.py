@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from perdure import codec, errors, journal, records
+from perdure import codec, errors, journal, payloads, records
 from perdure.journal import Unreadable
 
 KINDS = frozenset({"update", "respond", "event", "stream", "stream_close"})
@@ -224,42 +224,61 @@ class RunView:
         return self.steps.get(key, default)
 
 
+def _as_stored(value: Any) -> Any:
+    return value
+
+
 def view(
-    run_id: str, workflow: str, state: str, inputs: str, entries: Sequence[journal.Entry]
+    run_id: str,
+    workflow: str,
+    state: str,
+    inputs: str,
+    entries: Sequence[journal.Entry],
+    opener: Callable[[Any], Any] = _as_stored,
 ) -> RunView:
     """Build the :class:`RunView` of a run from its stored inputs and journal.
+
+    ``opener`` opens each payload (the app's payload layer, when it seals them).
 
     Raises:
         errors.CorruptState: the inputs or an entry's body cannot be read.
     """
     try:
-        data = codec.decode(inputs)
+        data = opener(codec.decode(inputs))
+    except errors.PayloadUnreadable:
+        raise
     except errors.InvalidPayload as exc:
         raise errors.CorruptState(run_id, "run_input_json", str(exc)) from exc
+    if payloads.sealed(data):
+        # A reader without the codec: the inputs stay sealed, the rest is shown as stored.
+        data = {"args": [], "kwargs": {}}
     if not isinstance(data, dict) or not isinstance(data.get("args"), list):
         raise errors.CorruptState(run_id, "run_input_shape", "expected {args, kwargs}")
     found = RunView(run_id, workflow, state, list(data["args"]), dict(data.get("kwargs") or {}))
     for entry in entries:
         if entry.kind == "step" and entry.status == "ok":
-            found.steps[entry.name] = _read(run_id, entry, journal.Value.decode).value
+            found.steps[entry.name] = opener(_read(run_id, entry, journal.Value.decode).value)
         if entry.kind == "first" and entry.status == "ok":
             fired = _read(run_id, entry, journal.FirstFired.decode)
             if fired.kind == "update" and fired.name is not None:
                 text = codec.encode(fired.value, envelope=2)
                 won = _read(run_id, replace(entry, output=text), UpdateReceived.decode)
-                found.consumed.append(records.Update(won.update_id, fired.name, won.payload))
+                found.consumed.append(
+                    records.Update(won.update_id, fired.name, opener(won.payload))
+                )
         if entry.kind not in KINDS:
             continue
         check(run_id, entry)
         part = body(entry)
         if isinstance(part, UpdateReceived):
-            found.consumed.append(records.Update(part.update_id, entry.name, part.payload))
+            update = records.Update(part.update_id, entry.name, opener(part.payload))
+            found.consumed.append(update)
         elif isinstance(part, Responded):
-            found.responses[part.update_id] = part.value
+            found.responses[part.update_id] = opener(part.value)
         elif isinstance(part, EventSet):
-            found.events[entry.name] = part.value
+            found.events[entry.name] = opener(part.value)
         elif isinstance(part, StreamItem):
-            found.streams.setdefault(entry.name, []).append(part.value)
+            found.streams.setdefault(entry.name, []).append(opener(part.value))
         elif isinstance(part, StreamClosed):
             found.closed_streams.add(entry.name)
     return found

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from perdure import codec, errors, live, validation
+from perdure import codec, errors, live, payloads, validation
 from perdure.store import liveport, port
 
 _SLICE = 5.0
@@ -47,6 +47,7 @@ class LiveCalls:
     store: port.Store
     app: str
     payload_limit: int
+    payloads: payloads.Payloads
     # The Client supplies it: the app's run, or RunNotFound.
     _run: Callable[[str], port.Run]
 
@@ -89,13 +90,14 @@ class LiveCalls:
                 return self._answer(store, run_id, name, stored.update_id, deadline, timeout)
         if run.state in port.TERMINAL_STATES:
             raise errors.RunFinished(run_id, run.state)
-        text = codec.check_size(codec.encode(payload), self.payload_limit, "the update's payload")
+        plain = codec.check_size(codec.encode(payload), self.payload_limit, "the update's payload")
         if validator is not None:
             try:
-                validator(codec.decode(text))
+                validator(codec.decode(plain))
             except Exception as exc:
                 reason = str(exc) or type(exc).__name__
                 raise errors.UpdateRejected(run_id, name, reason) from None
+        text = self.payloads.seal_text(plain, "the update's payload")
         new = liveport.NewUpdate(run_id, update_id or uuid.uuid4().hex, name, text)
         try:
             stored, _ = store.deliver_update(new)
@@ -127,7 +129,9 @@ class LiveCalls:
                     )
                 if found.state == "answered":
                     try:
-                        return codec.decode(found.response or "null")
+                        return self.payloads.open_text(found.response)
+                    except errors.PayloadUnreadable:
+                        raise
                     except errors.InvalidPayload as exc:
                         raise errors.CorruptState(run_id, "update_response", str(exc)) from exc
                 if found.state == "abandoned":
@@ -147,7 +151,7 @@ class LiveCalls:
         run = self._run(run_id)
         entries = self.store.journal(run_id)
         validation.journal(run_id, entries)
-        return live.view(run_id, run.workflow, run.state, run.input, entries)
+        return live.view(run_id, run.workflow, run.state, run.input, entries, self.payloads.open)
 
     def events(self, run_id: str) -> dict[str, Any]:
         """Return the run's events: the latest value of each key it set."""
@@ -178,7 +182,7 @@ class LiveCalls:
                         live.check(run_id, entry)
                         value = live.EventSet.decode(entry.output).value
                 if value is not _MISSING:
-                    return value
+                    return self.payloads.open(value)
                 if state in port.TERMINAL_STATES:
                     raise errors.RunEventMissing(
                         f"run {run_id} is {state} and never set event {key!r}"
@@ -219,7 +223,7 @@ class LiveCalls:
                         return
                     seen += 1
                     if seen > after:
-                        yield live.StreamItem.decode(entry.output).value
+                        yield self.payloads.open(live.StreamItem.decode(entry.output).value)
                 if state in port.TERMINAL_STATES:
                     return
                 watch.wait(_SLICE)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from perdure import client as client_api
-from perdure import codec, errors, records
+from perdure import codec, errors, payloads, records
 from perdure.store import liveport, pages, port
 
 _RELATIVE = re.compile(r"^(\d{1,9})([smhdw])$")
@@ -138,7 +138,8 @@ class Reads:
         more = len(found) > limit
         shown = found[:limit]
         return records.RunPage(
-            [client_api.run_info(r) for r in shown], encode_cursor(shown[-1]) if more else None
+            [client_api.run_info(r, self.client.payloads.reveal) for r in shown],
+            encode_cursor(shown[-1]) if more else None,
         )
 
     def find(self, text: str) -> records.RunInfo | None:
@@ -149,7 +150,7 @@ class Reads:
         run = self.client.store.get_run(text)
         if run is None or run.app != self.client.app:
             run = self._paged.run_by_key(self.client.app, text)
-        return None if run is None else client_api.run_info(run)
+        return None if run is None else client_api.run_info(run, self.client.payloads.reveal)
 
     def inputs(self, run_id: str) -> dict[str, Any]:
         """Return the run's inputs: ``{"args": [...], "kwargs": {...}}``."""
@@ -157,6 +158,12 @@ class Reads:
         found = client_api.decode_column(run_id, "input", run.input)
         if not isinstance(found, dict):
             raise errors.CorruptState(run_id, "run_input", "input is not an object")
+        # Sealed inputs are opened when the client has the codec, else shown as stored.
+        opened = self.client.payloads.reveal(found)
+        if isinstance(opened, dict) and not payloads.sealed(opened):
+            found = opened
+        else:
+            return {k: v for k, v in found.items() if k != "trace"}
         # The record may also carry the caller's trace context: not an input.
         return {k: v for k, v in found.items() if k in ("args", "kwargs")}
 
@@ -169,7 +176,7 @@ class Reads:
                 e.kind,
                 e.name,
                 e.status,
-                _decoded(run_id, e.output),
+                self.client.payloads.reveal(_decoded(run_id, e.output)),
                 _decoded(run_id, e.error),
                 e.attempt,
             )
@@ -201,7 +208,7 @@ class Reads:
         after = decode_cursor(cursor) if cursor else None
         found = self._paged.page_children(run_id, after=after, limit=page + 1)
         shown = found[:page]
-        nodes = [ChildNode(client_api.run_info(r)) for r in shown]
+        nodes = [ChildNode(client_api.run_info(r, self.client.payloads.reveal)) for r in shown]
         left = budget - len(nodes)
         level, below = nodes, 1
         while level:
@@ -210,7 +217,10 @@ class Reads:
                 take = min(width, left) if below < depth else 0
                 if take > 0:
                     kids = self._paged.page_children(node.run.run_id, limit=take + 1)
-                    node.children = [ChildNode(client_api.run_info(r)) for r in kids[:take]]
+                    node.children = [
+                        ChildNode(client_api.run_info(r, self.client.payloads.reveal))
+                        for r in kids[:take]
+                    ]
                     left -= len(node.children)
                     deeper += node.children
                     if len(kids) <= take:
@@ -253,14 +263,15 @@ class Reads:
         listed: list[liveport.UpdateRecord] = (
             [] if lister is None else lister(run_id, limit=updates + 1)
         )
+        reveal = self.client.payloads.reveal
         shown = [
             UpdateItem(
                 u.update_id,
                 u.name,
                 u.sequence,
                 u.state,
-                _decoded(run_id, u.payload, "update_payload"),
-                _decoded(run_id, u.response, "update_response"),
+                reveal(_decoded(run_id, u.payload, "update_payload")),
+                reveal(_decoded(run_id, u.response, "update_response")),
                 u.at,
                 u.settled_at,
             )

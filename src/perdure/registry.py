@@ -28,7 +28,7 @@ from typing import (
     overload,
 )
 
-from perdure import codec, context, errors
+from perdure import codec, context, errors, payloads
 from perdure.store import scheduleport
 
 P = ParamSpec("P")
@@ -130,6 +130,7 @@ class Registry(Protocol):
     name: str
     max_failures: int
     payload_limit: int
+    payloads: payloads.Payloads
     retention: timedelta | None
 
     def workflow_def(self, name: str) -> WorkflowDef | None: ...

@@ -424,16 +424,16 @@ def _apply(
     if isinstance(source, SignalSource):
         recorded, signaled = body
         _take_wait(ctx, source, recorded)
-        value = codec.convert(signaled.payload, source.type)
+        value = codec.convert(ctx._opened(signaled.payload), source.type)
     elif isinstance(source, MessageSource):
         ctx._consumed[source.channel] = body.sequence
-        value = records.Message(body.key, codec.convert(body.payload, source.type))
+        value = records.Message(body.key, codec.convert(ctx._opened(body.payload), source.type))
     elif isinstance(source, UpdateSource):
         ctx._live.updates[source.name] = body.sequence
-        payload = codec.convert(body.payload, source.type)
+        payload = codec.convert(ctx._opened(body.payload), source.type)
         value = records.Update(body.update_id, source.name, payload)
     elif isinstance(source, ChildSource):
         if body.state != "succeeded":
             raise errors.ChildFailed(source.run_id, str(body.state), body.error)
-        value = codec.convert(body.result, source.hint)
+        value = codec.convert(ctx._opened(body.result), source.hint)
     return Fired(source, value, index)

@@ -21,7 +21,7 @@ import re
 import uuid
 from typing import Any
 
-from perdure import codec, effects, errors, journal, records
+from perdure import codec, effects, errors, journal, payloads, records
 from perdure.store import port
 
 _NUMBERED = re.compile(r"^(?P<base>[^#]+)#(?P<index>[1-9][0-9]*)$")
@@ -104,9 +104,12 @@ def deliver(
     name: str,
     payload: Any,
     signal_id: str | None,
-    payload_limit: int = codec.DEFAULT_PAYLOAD_LIMIT,
+    sealer: payloads.Payloads = payloads.PLAIN,
 ) -> records.Receipt:
     """Settle the wait ``name`` names on a live run; return the receipt.
+
+    The payload is sealed by ``sealer`` (the app's payload layer); the
+    receipt's digest is of the text stored.
 
     Raises:
         errors.WaitSettled: the one wait named was settled otherwise, or the run was asked
@@ -130,7 +133,7 @@ def deliver(
         # applied, so the sender is shown how its last wait on the name ended.
         latest = receipt(max(mine, key=lambda o: index_of(base, o.name) or 0))
         raise errors.WaitSettled(f"wait {latest.wait_id} was already {latest.outcome}", latest)
-    text = codec.check_size(codec.encode(payload), payload_limit, "the signal's payload")
+    text = sealer.seal(payload, "the signal's payload")
     digest = codec.digest(text)
     taken = {index_of(base, o.name) for o in mine}
     index = 1

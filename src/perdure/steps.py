@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from perdure import codec, effects, errors, journal, telemetry
+from perdure import codec, effects, errors, journal, payloads, telemetry
 
 # Values that JSON gives back unchanged, type included (containers do not:
 # tuples come back as lists, dict keys as strings).
@@ -68,6 +68,19 @@ def error_dict(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"code": code, "message": message, **extra}
 
 
+def opened(runtime: Runtime, value: Any) -> Any:
+    """Return the payload a recorded value holds, for workflow code.
+
+    A payload this worker cannot open (no codec, a key it lacks, a blob
+    missing from the payload store) stops the run in needs_attention: the
+    journal is sound, the worker's configuration is not.
+    """
+    try:
+        return runtime.payloads.open(value)
+    except errors.PayloadUnreadable as exc:
+        raise Halt("needs_attention", error_dict(exc.code, str(exc))) from exc
+
+
 def unreadable(run_id: str, entry: journal.Entry, exc: Exception) -> Halt:
     """Return the stop for a recorded body of a shape this code never writes."""
     return Halt(
@@ -86,6 +99,10 @@ class Runtime(Protocol):
     @property
     def payload_limit(self) -> int:
         """The largest output a step may record, in bytes of JSON."""
+
+    @property
+    def payloads(self) -> payloads.Payloads:
+        """The app's payload layer: seals what the run records, opens what it reads."""
 
     def check(self) -> None:
         """Raise if the run must stop (lease lost, canceled, worker stopping).
@@ -169,7 +186,8 @@ class StepCall:
 
     def _replay(self, entry: journal.Entry) -> Any:
         if entry.status == "ok":
-            return codec.convert(journal.Value.decode(entry.output).value, self.hint)
+            value = opened(self.runtime, journal.Value.decode(entry.output).value)
+            return codec.convert(value, self.hint)
         if entry.status == "error":
             err = journal.StepError.decode(entry.error or "{}")
             raise errors.StepFailed(self.key, err.type, err.message)
@@ -255,8 +273,8 @@ class StepCall:
 
     def succeeded(self, value: Any) -> Any:
         try:
-            text = journal.Value(value).encode()
-            codec.check_size(text, self.runtime.payload_limit, f"the output of step {self.key}")
+            plain = journal.Value(value).encode()
+            text = self.runtime.payloads.seal_text(plain, f"the output of step {self.key}")
         except errors.InvalidPayload as exc:
             self.failed(exc, final=True)
             raise  # failed() always raises here
@@ -270,7 +288,7 @@ class StepCall:
         if value.__class__ in _SAME_AFTER_DECODE:
             # A replay decodes an equal value of the same type: skip the decode.
             return codec.convert(value, self.hint)
-        return codec.convert(journal.Value.decode(text).value, self.hint)
+        return codec.convert(journal.Value.decode(plain).value, self.hint)
 
     def failed(self, exc: Exception, *, final: bool = False) -> float:
         """Return the pause before the next attempt, or raise what the workflow sees.
@@ -331,7 +349,8 @@ class StepCall:
 
         def run(conn: Any) -> journal.Entry:
             try:
-                text = journal.Value(body(conn)).encode()
+                output = body(conn)
+                text = self.runtime.payloads.seal(output, f"the output of step {self.key}")
             except Exception as exc:
                 raised.append(exc)  # the step's own failure, not the store's
                 raise
@@ -353,7 +372,8 @@ class StepCall:
             self.span.end("failed", exc)
             raise errors.StepFailed(self.key, type(exc).__name__, str(exc)) from exc
         self.span.end("succeeded")
-        return codec.convert(journal.Value.decode(recorded.output).value, self.hint)
+        value = opened(self.runtime, journal.Value.decode(recorded.output).value)
+        return codec.convert(value, self.hint)
 
 
 def options(fn: Callable[..., Any]) -> effects.StepOptions:

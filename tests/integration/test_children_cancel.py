@@ -125,6 +125,7 @@ class Hiding:
         self.name = app.name
         self.max_failures = app.max_failures
         self.payload_limit = app.payload_limit
+        self.payloads = app.payloads
         self.retention = app.retention
 
     def workflow_def(self, name: str) -> Any:

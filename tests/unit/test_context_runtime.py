@@ -12,7 +12,18 @@ from typing import Any
 import pytest
 
 import perdure
-from perdure import codec, context, effects, errors, execution, journal, replay, steps, telemetry
+from perdure import (
+    codec,
+    context,
+    effects,
+    errors,
+    execution,
+    journal,
+    payloads,
+    replay,
+    steps,
+    telemetry,
+)
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -39,6 +50,7 @@ class FakeRuntime:
         self.messages = list(messages)
         self.children: list[context.NewChild] = []
         self.payload_limit = 2 * 1024 * 1024
+        self.payloads = payloads.PLAIN
 
     # -- what steps need ----------------------------------------------------------
 
@@ -379,6 +391,7 @@ def _allowed(module: Any) -> set[str]:
             "journal",
             "live",
             "logs",
+            "payloads",
             "registry",
             "replay",
             "steps",

@@ -48,6 +48,8 @@ LAYERS: list[dict[str, set[str]]] = [
     {
         "values": {
             "perdure.codec",
+            "perdure.payloads",
+            "perdure.fernet",
             "perdure.effects",
             "perdure.journal",
             "perdure.live",

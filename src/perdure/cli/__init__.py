@@ -26,6 +26,7 @@ from __future__ import annotations
 import click
 
 from perdure.cli import (
+    common,
     console,
     demo,
     deploys,
@@ -48,8 +49,11 @@ from perdure.cli import (
     epilog="Exit status: 0 done, 1 refused, 2 bad input, 3 internal error.",
 )
 @click.version_option(package_name="perdure", prog_name="perdure")
-def cli() -> None:
+@click.option("--codec", "codec_target", metavar="MODULE:OBJ", default=None, help=common.CODEC_HELP)
+@click.pass_context
+def cli(ctx: click.Context, codec_target: str | None) -> None:
     """perdure: durable workflows for plain Python, on SQLite or PostgreSQL."""
+    ctx.meta["perdure.codec"] = codec_target
 
 
 # --help lists the commands in the order they are added.

@@ -14,7 +14,7 @@ import click
 
 from perdure import app as app_api
 from perdure import client as client_api
-from perdure import codec, errors
+from perdure import codec, errors, payloads
 from perdure.cli import output
 from perdure.store import default_url, open_store, port
 
@@ -51,11 +51,50 @@ def client_for_run(store: port.Store, run_id: str) -> client_api.Client:
     run = store.get_run(run_id)
     if run is None:
         raise errors.RunNotFound(run_id)
-    return client_api.Client(store, run.app)
+    return client(store, run.app)
+
+
+def client(store: port.Store, app: str) -> client_api.Client:
+    """Return a client of ``app`` that opens payloads with ``perdure --codec``'s codec.
+
+    Without ``--codec``, sealed payloads are shown (and read) as they are stored.
+    """
+    return client_api.Client(store, app, payloads=payload_layer())
+
+
+CODEC_HELP = (
+    "Open sealed payloads with this codec: MODULE:OBJ naming a perdure.PayloadCodec, "
+    "or a perdure.App (its codec and payload store). Without it, sealed payloads are "
+    "shown as stored."
+)
+
+
+def payload_layer() -> payloads.Payloads:
+    """Return the payload layer ``perdure --codec MODULE:OBJ`` names (plain without it)."""
+    ctx = click.get_current_context(silent=True)
+    target = ctx.find_root().meta.get("perdure.codec") if ctx is not None else None
+    if not target:
+        return payloads.PLAIN.lenient()
+    found = load_object(target)
+    if isinstance(found, app_api.App):
+        return found.payloads.lenient()
+    if isinstance(found, payloads.PayloadCodec):
+        return payloads.Payloads(payload_codec=found, strict=False)
+    raise errors.InvalidInput(
+        f"--codec {target} is a {type(found).__name__}, not a perdure.PayloadCodec or perdure.App"
+    )
 
 
 def load_app(target: str) -> app_api.App:
     """Import ``MODULE:APP`` (the current directory first on the path) and return the App."""
+    found = load_object(target)
+    if not isinstance(found, app_api.App):
+        raise errors.AppNotFound(f"{target} is a {type(found).__name__}, not a perdure.App")
+    return found
+
+
+def load_object(target: str) -> Any:
+    """Import ``MODULE:OBJ`` (the current directory first on the path) and return OBJ."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise errors.InvalidInput(f"expected MODULE:APP (like shop:app), got {target!r}")
@@ -74,8 +113,6 @@ def load_app(target: str) -> app_api.App:
             found = getattr(found, part)
         except AttributeError:
             raise errors.AppNotFound(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(found, app_api.App):
-        raise errors.AppNotFound(f"{target} is a {type(found).__name__}, not a perdure.App")
     return found
 
 

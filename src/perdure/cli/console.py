@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 
-from perdure import client as client_api
 from perdure import errors
 from perdure.cli import common, output
 
@@ -77,7 +76,7 @@ def console(
             client = served_app.client
         else:
             store = stack.enter_context(common.opened(store_url))
-            client = client_api.Client(store, str(app_name))
+            client = common.client(store, str(app_name))
         from perdure.web import auth
 
         guarded = auth.token_store(store).has_tokens(client.app)

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from perdure import records
-from perdure.cli import output
+from perdure.cli import common, output
 from perdure.store import port
 
 # How much of an output or an error a line shows; --json shows them whole.
@@ -49,7 +49,8 @@ def _decoded(text: str | None) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        # Sealed payloads inside a body open with perdure --codec, else show as stored.
+        return common.payload_layer().reveal(json.loads(text))
     except ValueError:
         return text  # shown as stored; validation elsewhere names corruption
 

@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from perdure import client as client_api
 from perdure import errors, records
 from perdure.cli import common, journals, output
 from perdure.store import port
@@ -130,7 +129,7 @@ def runs(
         apps = common.apps_in(store, name)
         found: list[tuple[str, records.RunInfo]] = []
         for app in apps:
-            listed = client_api.Client(store, app).runs(state=state, workflow=workflow, limit=limit)
+            listed = common.client(store, app).runs(state=state, workflow=workflow, limit=limit)
             found += [(app, info) for info in listed]
         # An app named but empty: say which apps the store does have.
         known = store.apps() if name and not found else apps

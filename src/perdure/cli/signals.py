@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from perdure import client as client_api
 from perdure import errors, records
 from perdure.cli import common, output
 
@@ -132,7 +131,7 @@ def waits(
         if run_id is not None:
             clients = [common.client_for_run(store, run_id)]
         else:
-            clients = [client_api.Client(store, app) for app in common.apps_in(store, name)]
+            clients = [common.client(store, app) for app in common.apps_in(store, name)]
         for client in clients:
             listed = client.waits(run_id) + client.timers(run_id)
             found += [(client.app, w) for w in listed if kind in ("all", w.kind)]

@@ -170,13 +170,15 @@ class Run:
     ledger_limit: int = 256
 
 
-def same_start(found: Run, new: NewRun) -> bool:
+def same_start(found: Run, new: NewRun, read: Callable[[str], Any] = json.loads) -> bool:
     """Whether ``new`` repeats the start of ``found``, the run its key names.
 
     A key names one start: the same workflow with the same inputs (compared as
     JSON values, so the order of keyword arguments does not matter). The
     version may differ, so that a start repeated across a deploy still returns
-    the run it created.
+    the run it created. ``read`` turns an input's text into the value compared:
+    an app with a payload codec opens its sealed inputs, whose stored texts
+    differ for equal inputs.
 
     Raises:
         errors.CorruptState: the stored inputs are not JSON.
@@ -184,10 +186,10 @@ def same_start(found: Run, new: NewRun) -> bool:
     if found.workflow != new.workflow:
         return False
     try:
-        stored = json.loads(found.input)
+        stored = read(found.input)
     except ValueError as exc:
         raise errors.CorruptState(found.run_id, "run_input_json", str(exc)) from exc
-    return _canonical(stored) == _canonical(json.loads(new.input))
+    return _canonical(stored) == _canonical(read(new.input))
 
 
 def _canonical(value: Any) -> str:

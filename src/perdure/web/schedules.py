@@ -65,7 +65,8 @@ def trigger(console: Console, name: str) -> records.RunInfo:
     app = console.app
     if app is not None:
         return app.trigger_schedule(name).info()
-    return client_api.run_info(schedules.trigger(console.client.store, console.name, name))
+    started = schedules.trigger(console.client.store, console.name, name)
+    return client_api.run_info(started, console.client.payloads.reveal)
 
 
 def last_runs(console: Console, found: list[records.ScheduleInfo]) -> dict[str, records.RunInfo]:
