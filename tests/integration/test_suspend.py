@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -151,3 +154,70 @@ def test_cancel_of_a_suspended_run_and_suspend_of_an_ended_one(store_url: str) -
         with pytest.raises(perdure.RunFinished):
             app.resume(held.run_id)
         assert [r.run_id for r in app.runs(state="suspended")] == []
+
+
+def test_a_worker_lets_go_of_a_run_suspended_mid_step(store_url: str) -> None:
+    app = _app(store_url)
+    entered, go = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    @app.step(effect="once")
+    def charge() -> str:
+        calls.append("charge")
+        entered.set()
+        assert go.wait(10)
+        return "ch_1"
+
+    @app.step()
+    def ship() -> str:
+        calls.append("ship")
+        return "shipped"
+
+    @app.workflow(version="1")
+    def order(ctx: perdure.Context) -> list[str]:
+        return [charge(), ship()]
+
+    try:
+        with app.worker(concurrency=1, lease_ttl=3, heartbeat=0.5, poll_interval=0.05):
+            handle = app.start(order)
+            assert entered.wait(10)
+            assert app.suspend(handle.run_id) is True
+            go.set()
+            _until(app, handle.run_id, "suspended")
+            assert [(e.name, e.status) for e in app.store.journal(handle.run_id)] == [
+                ("charge", "ok")
+            ]
+            assert calls == ["charge"]
+            assert app.resume(handle.run_id) is True
+            assert handle.result(timeout=10) == ["ch_1", "shipped"]
+        assert calls == ["charge", "ship"]
+    finally:
+        go.set()
+        app.close()
+
+
+def test_the_async_client_suspends_and_resumes(store_url: str) -> None:
+    app = _app(store_url)
+
+    @app.workflow(version="1")
+    def idle(ctx: perdure.Context) -> int:
+        return 1
+
+    async def scenario() -> None:
+        handle = await app.astart(idle, deadline=timedelta(hours=1))
+        assert await app.asuspend(handle.run_id) is True
+        assert (await app.aget(handle.run_id)).state == "suspended"
+        assert await app.aresume(handle.run_id) is True
+        assert (await app.aget(handle.run_id)).state == "queued"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        app.close()
+
+
+def _until(app: perdure.App, run_id: str, state: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while app.get(run_id).state != state:
+        assert time.monotonic() < deadline, f"{run_id} is {app.get(run_id).state}"
+        time.sleep(0.02)
