@@ -388,8 +388,10 @@ class App(timetable.Timetable):
         name, version, hint = self.workflow_ref(workflow)
         wf = self._workflows[name]
         key, kwargs = registry.split_key(wf, workflow, key, kwargs)
+        # deadline= is the run's, unless the workflow takes an argument of that name.
+        deadline = None if "deadline" in wf.params else kwargs.pop("deadline", None)
         registry.check_arguments(wf, args, kwargs)
-        return self.client.start(name, version, args, kwargs, key=key, hint=hint)
+        return self.client.start(name, version, args, kwargs, key=key, hint=hint, deadline=deadline)
 
     def handle(self, run_id: str) -> client_api.RunHandle[Any]:
         """Return a handle on an existing run (its result typed by the workflow's hint)."""
@@ -415,6 +417,7 @@ class App(timetable.Timetable):
     send = _ClientCall(client_api.Client.send)
     waits = _ClientCall(client_api.Client.waits)
     resume = _ClientCall(client_api.Client.resume)
+    suspend = _ClientCall(client_api.Client.suspend)
     cancel = _ClientCall(client_api.Client.cancel)
     resolve = _ClientCall(client_api.Client.resolve)
     children = _ClientCall(client_api.Client.children)
@@ -427,6 +430,7 @@ class App(timetable.Timetable):
     asend = _ClientCall(client_api.Client.asend)
     awaits = _ClientCall(client_api.Client.awaits)
     aresume = _ClientCall(client_api.Client.aresume)
+    asuspend = _ClientCall(client_api.Client.asuspend)
     acancel = _ClientCall(client_api.Client.acancel)
     aresolve = _ClientCall(client_api.Client.aresolve)
     achildren = _ClientCall(client_api.Client.achildren)

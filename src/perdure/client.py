@@ -15,6 +15,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from perdure import (
@@ -29,7 +30,7 @@ from perdure import (
     validation,
 )
 from perdure import payloads as _payloads
-from perdure.store import port
+from perdure.store import controlport, port
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -107,6 +108,8 @@ def run_info(run: port.Run, opener: Callable[[Any], Any] | None = None) -> recor
         key=run.key,
         parent_id=run.parent_id,
         cancel_requested=run.cancel_requested,
+        deadline=run.deadline,
+        suspend_requested=run.suspend_requested,
     )
 
 
@@ -203,18 +206,24 @@ class Client(liveclient.LiveCalls):
         *,
         key: str | None = None,
         hint: Any = None,
+        deadline: timedelta | datetime | None = None,
     ) -> RunHandle[Any]:
         """Create a run (or return the run already created under ``key``).
 
         A key names one start: the same workflow with the same inputs. Its
         version may differ, so a start repeated across a deploy stays idempotent.
+        ``deadline`` (a duration from now by the store's clock, or an aware
+        instant) cancels the run with ``deadline_exceeded`` if it has not
+        ended by then.
 
         Raises:
             errors.KeyConflict: ``key`` names a run of another workflow or with
                 other inputs.
+            errors.InvalidInput: the deadline is not a positive duration or an aware instant.
         """
         if key is not None:
             codec.check_text("a run key", key)
+        until = self._deadline(deadline)
         text = self.payloads.seal(
             {"args": list(args), "kwargs": kwargs or {}}, "the run's input", envelope=2
         )
@@ -226,11 +235,32 @@ class Client(liveclient.LiveCalls):
             version=version,
             input=text,
             key=key,
+            deadline=until,
         )
         run, created = self.store.create_run(new)
         if not created and not port.same_start(run, new, self.payloads.open_text):
             raise errors.KeyConflict(str(key), run, workflow)
         return RunHandle[Any](self, run.run_id, hint, created=created)
+
+    def _deadline(self, deadline: timedelta | datetime | None) -> datetime | None:
+        """Return the absolute instant of a start's ``deadline``."""
+        if deadline is None:
+            return None
+        if isinstance(deadline, timedelta):
+            if deadline <= timedelta(0):
+                raise errors.InvalidInput(
+                    f"a run deadline must be a positive duration, got {deadline}"
+                )
+            return self.store.now() + deadline
+        if isinstance(deadline, datetime):
+            if deadline.tzinfo is None or deadline.utcoffset() is None:
+                raise errors.InvalidInput(
+                    f"a run deadline must be an aware datetime, got {deadline.isoformat()}"
+                )
+            return deadline
+        raise errors.InvalidInput(
+            f"a run deadline is a timedelta or an aware datetime, got {type(deadline).__name__}"
+        )
 
     def handle(self, run_id: str, hint: Any = None) -> RunHandle[Any]:
         return RunHandle[Any](self, run_id, hint)
@@ -248,6 +278,15 @@ class Client(liveclient.LiveCalls):
         run = self.store.get_run(run_id)
         if run is None or run.app != self.app:
             raise errors.RunNotFound(run_id)
+        if (
+            run.deadline is not None
+            and not run.cancel_requested
+            and run.state not in port.TERMINAL_STATES
+            and run.deadline <= self.store.now()
+        ):
+            # Enforced even with no worker running: whoever reads it settles it.
+            controlport.require(self.store).expire_deadlines(run_id=run_id)
+            run = self.store.get_run(run_id) or run
         return run
 
     def get(self, run_id: str) -> records.RunInfo:
@@ -419,6 +458,8 @@ class Client(liveclient.LiveCalls):
         """Return open waits, settling expired ones as timed out on the way."""
         if run_id is not None:
             self._run(run_id)
+        else:
+            controlport.require(self.store).expire_deadlines(app=self.app)
         found = self._settle_expired(self.store.waits(self.app, run_id))
         return [
             records.Wait(f"{w.run_id}/{w.name}", w.run_id, w.name, w.deadline, w.kind)
@@ -426,15 +467,25 @@ class Client(liveclient.LiveCalls):
         ]
 
     def resume(self, run_id: str) -> bool:
-        """Re-queue a waiting run whose waits all have outcomes.
+        """Resume a suspended run, or re-queue a waiting run whose waits all have outcomes.
+
+        A suspended run returns to where it was: queued, or waiting (and then
+        re-queued at once if a wait is met or a deadline passed meanwhile). A
+        suspend its owner has not taken yet is withdrawn. Returns True when
+        the run was resumed or re-queued.
 
         Raises:
-            errors.WaitStillOpen: a wait has no outcome (or the run sleeps until later).
+            errors.WaitStillOpen: a waiting run has a wait with no outcome (or sleeps until later).
             errors.RunFinished: the run has ended.
         """
         run = self._run(run_id)
         if run.state in port.TERMINAL_STATES:
             raise errors.RunFinished(run_id, run.state)
+        if run.state == "suspended" or run.suspend_requested:
+            try:
+                return controlport.require(self.store).unsuspend(run_id) is not None
+            except errors.RunFinished:
+                raise errors.RunFinished(run_id, self._run(run_id).state) from None
         if run.state != "waiting":
             return False
         still_open = self._settle_expired(self.store.waits(self.app, run_id))
@@ -451,6 +502,25 @@ class Client(liveclient.LiveCalls):
         ):
             raise errors.WaitStillOpen(f"run {run_id} sleeps until {fresh.ready_at.isoformat()}")
         return self.store.wake(run_id) or fresh.state == "queued"
+
+    def suspend(self, run_id: str) -> bool:
+        """Suspend the run: it is not claimed until :meth:`resume`.
+
+        A queued or waiting run is suspended at once; a running one at its
+        next journal write (its current step's outcome is still recorded).
+        Its deadlines are kept and fire after the resume; signals, messages
+        and updates sent meanwhile are stored and applied after it. Returns
+        True if the request took effect, False if the run was already
+        suspended or asked to be (a repeat changes nothing).
+
+        Raises:
+            errors.RunNotFound: no such run.
+            errors.RunFinished: the run has ended, or needs attention.
+        """
+        run = self._run(run_id)
+        if run.state in port.TERMINAL_STATES:
+            raise errors.RunFinished(run_id, run.state)
+        return controlport.require(self.store).suspend(run_id) != "already"
 
     # -- operators ------------------------------------------------------------
 
@@ -681,6 +751,7 @@ class Client(liveclient.LiveCalls):
     asend = athread(send)
     awaits = athread(waits)
     aresume = athread(resume)
+    asuspend = athread(suspend)
     acancel = athread(cancel)
     aresolve = athread(resolve)
     # These wait for announcements on a listener thread.

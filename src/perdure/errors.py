@@ -53,7 +53,8 @@ The tree::
     ├── Suspend                              suspend
     └── LeaseLost                            lease_lost
         ├── StaleClaim                       stale_claim
-        └── Canceled                         canceled
+        ├── Canceled                         canceled
+        └── Suspended                        suspended
 
 ``Interrupt`` and its children are control signals: they unwind workflow code
 (running its ``finally`` blocks) and must not be swallowed by a bare
@@ -110,6 +111,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "Suspend",
+    "Suspended",
     "TokenNotFound",
     "Unauthorized",
     "UnknownQuery",
@@ -492,6 +494,12 @@ class Canceled(LeaseLost):
     """The run was canceled; stop at this step boundary."""
 
     code = "canceled"
+
+
+class Suspended(LeaseLost):
+    """The run was suspended; record this step's outcome, then let go of the run."""
+
+    code = "suspended"
 
 
 # -- talking to live runs ---------------------------------------------------------

@@ -35,7 +35,7 @@ from perdure import (
     validation,
 )
 from perdure import registry as registry_api
-from perdure.store import liveport, port
+from perdure.store import controlport, liveport, port
 
 log = logging.getLogger("perdure.worker")
 
@@ -117,6 +117,7 @@ class Execution:
         self.telemetry = host.telemetry
         self.span: telemetry.Span = telemetry.NO_SPAN
         self.ended = "interrupted"  # how the run attempt ended, for its span
+        self._deadline_asked = False
 
     # -- the claim, shared with the heartbeat -----------------------------------
 
@@ -291,6 +292,7 @@ class Execution:
     def transaction_step(
         self, body: Callable[[Any], journal.Entry], marks: list[journal.Mark]
     ) -> journal.Entry:
+        self._enforce_deadline()
         entries, buffered = self._buffer.take()
         try:
             recorded: journal.Entry = self._guarded(
@@ -316,10 +318,17 @@ class Execution:
         happened (``entry`` is not a ``started`` one) is still recorded before
         the workflow is told; an effect that was about to start is not.
         """
+        self._enforce_deadline()
         self._buffer.add(entry)
         entries, buffered = self._buffer.take()
         try:
-            self._guarded(lambda: op(self.claim, entries, [*buffered, *marks]))
+            try:
+                self._guarded(lambda: op(self.claim, entries, [*buffered, *marks]))
+            except errors.Suspended:
+                if isinstance(self.lost, errors.Suspended):
+                    raise  # already let go: nothing more is ours to write
+                self._suspend_write(op, entry, entries, buffered, marks)
+                return
         except errors.Canceled:
             if self.claim.canceling:
                 raise
@@ -333,6 +342,68 @@ class Execution:
             self._written(entries)
             raise
         self._written(entries)
+
+    def _suspend_write(
+        self,
+        op: Callable[[port.Claim, Sequence[journal.Entry], Sequence[journal.Mark]], None],
+        entry: journal.Entry,
+        entries: list[journal.Entry],
+        buffered: list[journal.Mark],
+        marks: list[journal.Mark],
+    ) -> None:
+        """Record a write the run's suspend refused, then let go (raising Suspended).
+
+        As for a cancel, an outcome that already happened is recorded and an
+        effect that was about to start is not. If the suspend was withdrawn
+        meanwhile, the write is completed and the run goes on.
+        """
+        starting = entry.status == "started" and not journal.retry_due(entry)
+        kept = [e for e in entries if e.position != entry.position] if starting else entries
+        if self._let_go(kept, [*buffered, *([] if starting else marks)]):
+            raise errors.Suspended(self.run_.run_id)
+        if starting:
+            self._guarded(lambda: op(self.claim, [entry], marks))
+            self._written([entry])
+
+    def _let_go(self, entries: list[journal.Entry], marks: list[journal.Mark]) -> bool:
+        """Record ``entries`` and hand the run back suspended; False if it was withdrawn."""
+        store = controlport.require(self.store)
+        suspended: bool = self._guarded(
+            lambda: store.let_go(self.claim, entries, marks, reset=bool(entries))
+        )
+        self._written(entries)
+        if suspended:
+            self.lost = errors.Suspended(self.run_.run_id)
+            self.ended = "suspended"
+            self.log.info("suspended")
+        return suspended
+
+    def _settle_suspend(self) -> None:
+        """Let go of a run whose suspend stopped it (unless that is done already)."""
+        if isinstance(self.lost, errors.Suspended):
+            return
+        entries, marks = self._buffer.take()
+        try:
+            if not self._let_go(entries, marks):
+                # Withdrawn after the workflow unwound: it runs again from its journal.
+                self._release(failed=False, why="suspend withdrawn")
+        except errors.Canceled:
+            self.acknowledge_cancel()
+            self._settle_cancel()
+
+    def _enforce_deadline(self) -> None:
+        """Have the run canceled before this write if it is past its deadline.
+
+        The write that follows is then refused as canceled, and the run ends
+        by the ordinary cancel path. Only runs with a deadline pay the clock read.
+        """
+        deadline = self.run_.deadline
+        if deadline is None or self._deadline_asked or self.claim.canceling:
+            return
+        if self.now() >= deadline:
+            self._deadline_asked = True
+            store = controlport.require(self.store)
+            self._guarded(lambda: store.expire_deadlines(run_id=self.run_.run_id))
 
     def _written(self, entries: list[journal.Entry]) -> None:
         """Note entries the store now holds, so a later pass replays them."""
@@ -415,6 +486,10 @@ class Execution:
             self.acknowledge_cancel()
             self._settle_cancel()
             return None
+        if run.suspend_requested:
+            # Asked while its last owner held it (a lapsed lease, a resolve).
+            self._settle_suspend()
+            return None
         if run.failures >= self.host.registry.max_failures:
             self._finish(
                 "needs_attention",
@@ -487,11 +562,27 @@ class Execution:
             try:
                 result = self.host.invoke(wf, ctx, args, kwargs)
             except context.Parked as parked:
+                try:
+                    self._enforce_deadline()
+                except BaseException as exc:
+                    self._settle(exc)
+                    return None
                 entries, marks = self._buffer.take()
                 try:
                     done = self.store.park(
                         self.claim, entries, parked.waits, wake_at=parked.wake_at, marks=marks
                     )
+                except errors.Suspended:
+                    try:
+                        if self._let_go(entries, marks):
+                            return None
+                    except errors.Canceled:
+                        self.acknowledge_cancel()
+                        self._settle_cancel()
+                        return None
+                    # The suspend was withdrawn: the entries are recorded; park again.
+                    ctx.restart()
+                    continue
                 except errors.Canceled:
                     self._buffer.restore(entries, marks)
                     self.acknowledge_cancel()
@@ -532,6 +623,9 @@ class Execution:
     def _settle(self, exc: BaseException) -> None:
         if isinstance(exc, errors.StaleClaim):
             raise exc
+        if isinstance(exc, errors.Suspended):
+            self._settle_suspend()
+            return
         if isinstance(exc, errors.Canceled):
             self.acknowledge_cancel()
             self._settle_cancel()
@@ -575,12 +669,34 @@ class Execution:
                 ),
             )
         else:
-            # As when the store cancels a queued or waiting run: no error.
-            self._finish("canceled")
+            # As when the store cancels a queued or waiting run: no error,
+            # unless the run passed its deadline.
+            self._finish("canceled", error=self._deadline_error())
+
+    def _deadline_error(self) -> str | None:
+        """Return the error of a run canceled past its deadline, or None."""
+        deadline = self.run_.deadline
+        if deadline is None:
+            return None
+        try:
+            passed = self.store.now() >= deadline
+        except Exception:
+            passed = False
+        if not passed:
+            return None
+        return _error(
+            controlport.DEADLINE_EXCEEDED,
+            f"the run did not end by its deadline {deadline.isoformat()}",
+        )
 
     def _finish(
         self, state: port.RunState, *, result: str | None = None, error: str | None = None
     ) -> None:
+        if state in ("succeeded", "failed"):
+            try:
+                self._enforce_deadline()
+            except (Exception, steps.Halt) as exc:
+                self.log.warning("could not check the run's deadline: %s", exc)
         entries, marks = self._buffer.take()
         try:
             self.store.finish(

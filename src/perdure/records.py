@@ -30,6 +30,10 @@ class RunInfo:
     key: str | None = None
     parent_id: str | None = None
     cancel_requested: bool = False
+    # The instant by which the run must end (else canceled, deadline_exceeded).
+    deadline: datetime | None = None
+    # A suspend asked of a running run, taken at its next journal write.
+    suspend_requested: bool = False
 
     @property
     def done(self) -> bool:

@@ -362,7 +362,7 @@ def test_the_workflow_layers_import_no_store_and_no_worker(module: Any) -> None:
     if module is steps:
         assert "perdure.context" not in engine
     else:
-        store_port = {"perdure.store.port", "perdure.store.liveport"}
+        store_port = {"perdure.store.port", "perdure.store.liveport", "perdure.store.controlport"}
         assert engine <= {f"perdure.{m}" for m in _allowed(module)} | store_port
 
 

@@ -43,6 +43,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.retention",
             "perdure.store.liveport",
             "perdure.store.scheduleport",
+            "perdure.store.controlport",
         }
     },
     {

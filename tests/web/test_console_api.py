@@ -250,3 +250,32 @@ def test_the_openapi_document_lists_every_endpoint(world: World) -> None:
     assert listed == {(e.method, e.path) for e in api.ENDPOINTS}
     signal = document["paths"]["/runs/{run_id}/signals/{name}"]["post"]
     assert signal["x-scope"] == "signal" and "409" in signal["responses"]
+
+
+def test_suspend_and_resume_a_waiting_run(world: World) -> None:
+    http, head = world.client(), _bearer(world.token("operate"))
+    url = f"/api/v1/runs/{world.waiting}"
+    first = http.post(f"{url}/suspend", json={}, headers=head)
+    assert first.status_code == 200, first.text
+    assert first.json()["suspended"] is True and first.json()["run"]["state"] == "suspended"
+    again = http.post(f"{url}/suspend", json={}, headers=head).json()
+    assert again["suspended"] is False
+    listed = http.get("/api/v1/runs?state=suspended", headers=head).json()["runs"]
+    assert [r["run_id"] for r in listed] == [world.waiting]
+    resumed = http.post(f"{url}/resume", json={}, headers=head).json()
+    assert resumed["resumed"] is True and resumed["run"]["state"] == "waiting"
+    ended = http.post(f"/api/v1/runs/{world.failed}/suspend", json={}, headers=head)
+    assert ended.status_code == 409 and ended.json()["error"]["code"] == "run_finished"
+    read = _bearer(world.token("read"))
+    assert http.post(f"{url}/suspend", json={}, headers=read).status_code == 403
+
+
+def test_start_with_a_deadline(world: World) -> None:
+    http, head = world.client(), _bearer(world.token("operate"))
+    body = {"workflow": "approval", "args": ["dl"], "deadline": 60}
+    started = http.post("/api/v1/runs", json=body, headers=head)
+    assert started.status_code == 201, started.text
+    info = http.get(f"/api/v1/runs/{started.json()['run_id']}", headers=head).json()
+    assert info["deadline"] is not None
+    bad = http.post("/api/v1/runs", json={**body, "deadline": -1}, headers=head)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"

@@ -147,3 +147,17 @@ def test_logout_ends_the_session(world: World) -> None:
     assert http.get("/runs").status_code == 200
     http.post("/logout")
     assert http.get("/runs", follow_redirects=False).status_code == 303
+
+
+def test_suspend_and_resume_from_the_run_page(world: World) -> None:
+    http = _logged_in(world, "operate")
+    page = http.get(f"/runs/{world.waiting}").text
+    assert f"/runs/{world.waiting}/actions/suspend" in page
+    suspended = http.post(f"/runs/{world.waiting}/actions/suspend", data={"csrf": _csrf(page)})
+    assert suspended.status_code == 200, suspended.text
+    assert world.app.get(world.waiting).state == "suspended"
+    page = http.get(f"/runs/{world.waiting}").text
+    assert f"/runs/{world.waiting}/actions/suspend" not in page
+    resumed = http.post(f"/runs/{world.waiting}/actions/resume", data={"csrf": _csrf(page)})
+    assert resumed.status_code == 200, resumed.text
+    assert world.app.get(world.waiting).state == "waiting"

@@ -71,6 +71,7 @@ for command in (
     live.events,
     live.stream,
     operators.cancel,
+    operators.suspend,
     operators.resolve,
     operators.fork,
     retention.prune,

@@ -1,4 +1,4 @@
-"""What an operator does to one run: ``cancel``, ``resolve`` and ``fork``."""
+"""What an operator does to one run: ``cancel``, ``suspend``, ``resolve`` and ``fork``."""
 
 from __future__ import annotations
 
@@ -46,6 +46,37 @@ def cancel(run_id: str, store_url: str | None, as_json: bool) -> None:
         )
     else:
         click.echo(f"cancel requested for run {run_id} ({info.state}); it stops at its next step")
+
+
+@click.command()
+@click.argument("run_id")
+@common.options
+def suspend(run_id: str, store_url: str | None, as_json: bool) -> None:
+    """Suspend a run: no worker claims it until `perdure resume RUN`.
+
+    Queued and waiting runs are suspended at once; a running one at its next
+    journal write (its current step's outcome is still recorded). Its
+    deadlines are kept and fire after the resume. Suspending it again changes
+    nothing. Exits 1 if the run has ended or needs attention.
+    """
+    with common.opened(store_url, create=False) as store:
+        client = common.client_for_run(store, run_id)
+        took = client.suspend(run_id)
+        info = client.get(run_id)
+    doc = {
+        "run_id": run_id,
+        "suspended": took,
+        "state": info.state,
+        "suspend_requested": info.suspend_requested,
+    }
+    if as_json:
+        output.emit_json(doc)
+    elif info.suspend_requested:
+        click.echo(f"suspend requested for run {run_id}; it stops at its next journal write")
+    elif took:
+        click.echo(f"run {run_id} suspended")
+    else:
+        click.echo(f"run {run_id} is already {info.state}")
 
 
 @click.command()

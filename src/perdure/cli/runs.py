@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -36,6 +37,13 @@ from perdure.store import port
     help="Idempotency key: the same key with the same workflow and arguments returns the "
     "same run; with another workflow or other arguments the start is refused (exit 1).",
 )
+@click.option(
+    "--deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Cancel the run (deadline_exceeded) if it has not ended SECONDS from now.",
+)
 @click.option("--wait", is_flag=True, help="Wait for the run to end (a worker must be running).")
 @click.option(
     "--timeout",
@@ -51,6 +59,7 @@ def start(
     args_: list[Any] | None,
     kwargs_: dict[str, Any] | None,
     key: str | None,
+    deadline: float | None,
     wait: bool,
     timeout: float | None,
     store_url: str | None,
@@ -68,7 +77,16 @@ def start(
     if store_url:
         app.use_store(store_url)
     try:
-        handle = app.start(workflow, *(args_ or []), key=key, **(kwargs_ or {}))
+        extra: dict[str, Any] = {}
+        if deadline is not None:
+            name = app.workflow_ref(workflow)[0]
+            if "deadline" in app.workflows[name].params:
+                raise errors.InvalidInput(
+                    f"workflow {name} takes an argument named deadline: pass it in --kwargs; "
+                    "--deadline cannot be used with it"
+                )
+            extra["deadline"] = timedelta(seconds=deadline)
+        handle = app.start(workflow, *(args_ or []), key=key, **(kwargs_ or {}), **extra)
         info = app.get(handle.run_id)
         if not wait:
             if as_json:

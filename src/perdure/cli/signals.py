@@ -157,13 +157,20 @@ def waits(
 @click.argument("run_id")
 @common.options
 def resume(run_id: str, store_url: str | None, as_json: bool) -> None:
-    """Re-queue a waiting run whose waits all have outcomes."""
+    """Resume a suspended run, or re-queue a waiting run whose waits all have outcomes.
+
+    A suspended run returns to queued or waiting (re-queued at once if a wait
+    is met or a deadline passed meanwhile).
+    """
     with common.opened(store_url, create=False) as store:
         client = common.client_for_run(store, run_id)
+        before = client.get(run_id)
         requeued = client.resume(run_id)
         info = client.get(run_id)
     if as_json:
         output.emit_json({"run_id": run_id, "requeued": requeued, "state": info.state})
+    elif requeued and (before.state == "suspended" or before.suspend_requested):
+        click.echo(f"run {run_id} resumed (now {info.state})")
     elif requeued:
         click.echo(f"run {run_id} re-queued (now {info.state})")
     else:

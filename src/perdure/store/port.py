@@ -58,12 +58,20 @@ from typing import Any, Literal, Protocol
 from perdure import errors
 
 RunState = Literal[
-    "queued", "running", "waiting", "succeeded", "failed", "canceled", "needs_attention"
+    "queued",
+    "running",
+    "waiting",
+    "suspended",
+    "succeeded",
+    "failed",
+    "canceled",
+    "needs_attention",
 ]
 RUN_STATES: tuple[RunState, ...] = (
     "queued",
     "running",
     "waiting",
+    "suspended",
     "succeeded",
     "failed",
     "canceled",
@@ -99,6 +107,9 @@ LEDGER_KINDS: frozenset[str] = frozenset(
         "released",
         "resolved",
         "finished",
+        "suspend_requested",
+        "suspended",
+        "resumed",
     }
 )
 
@@ -133,6 +144,9 @@ class NewRun:
     parent_id: str | None = None
     # A child's policy when its parent ends: "cancel", or None (it runs on).
     parent_close: str | None = None
+    # The instant by which the run must have ended, else it is canceled
+    # (deadline_exceeded); None: no deadline.
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +182,11 @@ class Run:
     # The number of receipts the run keeps, fixed when it is created, so that
     # a process with another bound neither trims nor reads it by its own.
     ledger_limit: int = 256
+    # See perdure.store.controlport: the run's deadline, a suspend asked of a
+    # running run, and the state a suspended run returns to on resume.
+    deadline: datetime | None = None
+    suspend_requested: bool = False
+    suspended_from: str | None = None
 
 
 def same_start(found: Run, new: NewRun, read: Callable[[str], Any] = json.loads) -> bool:

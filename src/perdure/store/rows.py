@@ -32,7 +32,7 @@ WAIT_KINDS: frozenset[str] = frozenset(get_args(port.WaitKind))
 _COLUMNS = {
     "run": "run_id app workflow version state input result error key parent_id generation "
     "failures worker lease_expires_at ready_at cancel_requested ledger_sequence ledger_limit "
-    "created_at updated_at",
+    "created_at updated_at deadline suspend_requested suspended_from",
     "journal": "position kind name status output error attempt",
     "ledger": "run_id sequence kind at generation worker step digest note",
     "wait": "run_id app name kind deadline created_at",
@@ -260,6 +260,16 @@ class Reader:
             ledger_limit=c.count("ledger_limit"),
             created_at=c.instant("created_at"),
             updated_at=c.instant("updated_at"),
+            deadline=c.opt_instant("deadline"),
+            # NOT NULL in both schemas; a row read before 0011 has no such column.
+            suspend_requested=(
+                False if _value(row, "suspend_requested") is None else c.flag("suspend_requested")
+            ),
+            suspended_from=(
+                None
+                if _value(row, "suspended_from") is None
+                else c.choice("suspended_from", ("queued", "waiting"))
+            ),
         )
 
     def entry(self, row: Row) -> port.JournalEntry:

@@ -124,6 +124,8 @@ class Transitions(abc.ABC, Generic[C]):
             raise errors.StaleClaim(claim.run_id)
         if found["cancel_requested"]:
             raise errors.Canceled(claim.run_id)
+        if found["suspend_requested"] or found["state"] == "suspended":
+            raise errors.Suspended(claim.run_id)
         raise errors.StaleClaim(claim.run_id)
 
     def _append(self, cur: C, receipts: Sequence[ledger.Receipt]) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 from perdure import app as app_api
 from perdure import client as client_api
 from perdure import context, execution, registry, schedules, telemetry
-from perdure.store import open_store, port, scheduleport
+from perdure.store import controlport, open_store, port, scheduleport
 from perdure.testing import clock as clocks
 
 # Long enough that a lease never lapses while a run executes in the calling
@@ -211,6 +211,9 @@ class Environment:
         store = self.store
         ran = 0
         self._tick(store)
+        # As a worker's sweep does: runs past their deadline are canceled.
+        if isinstance(store, controlport.ControlStore):
+            store.expire_deadlines(app=self.app.name)
         while True:
             claimed = store.claim(
                 self.app.name,

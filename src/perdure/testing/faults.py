@@ -59,6 +59,11 @@ WRITES: frozenset[str] = frozenset(
         "create_token",
         "revoke_token",
         "prune",
+        # suspending runs and run deadlines
+        "suspend",
+        "unsuspend",
+        "let_go",
+        "expire_deadlines",
     }
 )
 """The store operations that may change what is stored (``migrate`` aside)."""

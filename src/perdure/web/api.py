@@ -18,7 +18,7 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -150,16 +150,34 @@ def _start(call: Call) -> Any:
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise errors.InvalidInput("'args' must be a list and 'kwargs' an object")
     key, version = call.text("key"), call.text("version")
+    deadline = _deadline(call.body.get("deadline"))
     app = call.console.app
     if app is not None and version is None:
-        handle = app.start(workflow, *args, key=key, **kwargs)
+        extra: dict[str, Any] = {}
+        if deadline is not None:
+            name = app.workflow_ref(workflow)[0]
+            if "deadline" in app.workflows[name].params:
+                raise errors.InvalidInput(
+                    f"workflow {name} takes an argument named deadline; pass it in 'kwargs'"
+                )
+            extra["deadline"] = deadline
+        handle = app.start(workflow, *args, key=key, **kwargs, **extra)
     elif version is None:
         raise errors.InvalidInput(
             "'version' is required when the console serves no code (perdure console --store)"
         )
     else:
-        handle = call.client.start(workflow, version, args, kwargs, key=key)
+        handle = call.client.start(workflow, version, args, kwargs, key=key, deadline=deadline)
     return {"run_id": handle.run_id, "created": handle.created}
+
+
+def _deadline(raw: Any) -> timedelta | None:
+    """Return a start's ``deadline`` (seconds from now), refusing anything else."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:
+        raise errors.InvalidInput("'deadline' must be a positive number of seconds")
+    return timedelta(seconds=raw)
 
 
 def _int(call: Call, name: str, default: int) -> int:
@@ -227,6 +245,12 @@ def _cancel(call: Call) -> Any:
     if not took:
         raise errors.NotCanceled(f"cancel of run {run_id} took no effect: it is {info.state}")
     return {"canceled": took, "run": info}
+
+
+def _suspend(call: Call) -> Any:
+    run_id = call.path["run_id"]
+    suspended = call.client.suspend(run_id)
+    return {"suspended": suspended, "run": call.client.get(run_id)}
 
 
 def _resume(call: Call) -> Any:
@@ -400,7 +424,7 @@ RUN = "/runs/{run_id}"
 
 ENDPOINTS: list[Endpoint] = [
     Endpoint("POST", "/runs", "operate", "Start a run (the same key returns the same run)",
-             _start, 201, ("workflow", "args", "kwargs", "key", "version")),
+             _start, 201, ("workflow", "args", "kwargs", "key", "version", "deadline")),
     Endpoint("GET", "/runs", "read",
              "List runs, newest first: ?state=&workflow=&created_after=&created_before="
              "&cursor=&limit= (instants ISO-8601 or a time ago: 90m, 12h, 7d, 2w)",
@@ -414,8 +438,10 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("POST", RUN + "/channels/{channel}", "signal",
              "Send a channel message, deduplicated by key", _send, 200, ("key", "payload")),
     Endpoint("POST", RUN + "/cancel", "operate", "Cancel the run and its descendants", _cancel),
-    Endpoint("POST", RUN + "/resume", "operate", "Re-queue a waiting run whose waits are settled",
-             _resume),
+    Endpoint("POST", RUN + "/suspend", "operate",
+             "Suspend the run (a running one at its next journal write); idempotent", _suspend),
+    Endpoint("POST", RUN + "/resume", "operate",
+             "Resume a suspended run, or re-queue a waiting run whose waits are settled", _resume),
     Endpoint("POST", RUN + "/resolve", "operate",
              "Settle the ambiguous step of a needs_attention run", _resolve, 200,
              ("step", "output", "error", "note")),

@@ -36,8 +36,8 @@ _env = Environment(
 _env.filters["pretty"] = lambda value: json.dumps(api.jsonable(value), indent=2, sort_keys=True)
 _env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
-LIVE = frozenset({"queued", "running", "waiting"})
-ACTIONS = ("signal", "send", "update", "cancel", "resume", "resolve", "fork")
+LIVE = frozenset({"queued", "running", "waiting", "suspended"})
+ACTIONS = ("signal", "send", "update", "cancel", "suspend", "resume", "resolve", "fork")
 SCHEDULE_ACTIONS = ("pause", "resume", "trigger")
 
 UPDATE_WAIT = 10.0
@@ -203,6 +203,8 @@ def _act(console: Console, caller: Caller, run_id: str, action: str, form: Any) 
             state = client.get(run_id).state
             raise errors.NotCanceled(f"cancel of run {run_id} took no effect: it is {state}")
         return {"canceled": True, "state": client.get(run_id).state}
+    if action == "suspend":
+        return {"suspended": client.suspend(run_id), "state": client.get(run_id).state}
     if action == "resume":
         return {"resumed": client.resume(run_id), "state": client.get(run_id).state}
     if action == "resolve":

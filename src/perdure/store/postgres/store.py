@@ -38,6 +38,7 @@ from perdure import errors
 from perdure.store import (
     appschema,
     census,
+    control,
     ledger,
     live,
     liveport,
@@ -72,6 +73,7 @@ class PostgresStore(
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],
     live.LiveTransitions[Cursor],
+    control.ControlTransitions[Cursor],
     census.Census[Cursor],
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],

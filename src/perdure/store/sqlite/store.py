@@ -30,6 +30,7 @@ from perdure import errors
 from perdure.store import (
     appschema,
     census,
+    control,
     ledger,
     live,
     liveport,
@@ -63,6 +64,7 @@ class SqliteStore(
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],
     live.LiveTransitions[Cursor],
+    control.ControlTransitions[Cursor],
     census.Census[Cursor],
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],

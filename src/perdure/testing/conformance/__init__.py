@@ -51,6 +51,7 @@ from __future__ import annotations
 from perdure.testing.conformance.census import CensusTests
 from perdure.testing.conformance.channels import ChannelTests
 from perdure.testing.conformance.claims import ClaimTests
+from perdure.testing.conformance.control import ControlTests
 from perdure.testing.conformance.finish import FinishTests
 from perdure.testing.conformance.harness import (
     Opener,
@@ -100,6 +101,7 @@ class StoreConformance(
     LiveTests,
     CensusTests,
     OverviewTests,
+    ControlTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 

@@ -39,13 +39,14 @@ SELECT pg_notify('perdure_ready', app) FROM unnest(%(apps)s::text[]) AS app;
 -- A conflict on run_id or on (app, key) stores nothing; the caller reads back.
 INSERT INTO perdure.runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline
 )
 VALUES (
     %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
     %(parent_id)s, 1, %(ledger_limit)s,
     coalesce(%(now)s::timestamptz, statement_timestamp()),
-    coalesce(%(now)s::timestamptz, statement_timestamp())
+    coalesce(%(now)s::timestamptz, statement_timestamp()),
+    %(deadline)s::timestamptz
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -240,6 +241,7 @@ WITH fence AS (
         updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
     WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
       AND (NOT cancel_requested OR %(canceling)s)
+  AND (NOT suspend_requested OR %(canceling)s)
     RETURNING run_id, ledger_sequence, ledger_limit
 ), put AS (
     INSERT INTO perdure.journal (
@@ -282,7 +284,8 @@ SELECT f.ledger_sequence,
 FROM fence AS f;
 
 -- name: fence_state
-SELECT generation, state, cancel_requested FROM perdure.runs WHERE run_id = %(run_id)s;
+SELECT generation, state, cancel_requested, suspend_requested FROM perdure.runs
+WHERE run_id = %(run_id)s;
 
 -- name: renew
 UPDATE perdure.runs SET
@@ -299,6 +302,7 @@ UPDATE perdure.runs SET
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
   AND (NOT cancel_requested OR %(canceling)s)
+  AND (NOT suspend_requested OR %(canceling)s)
 RETURNING app, generation, ledger_sequence;
 
 -- name: fence_step
@@ -309,11 +313,15 @@ UPDATE perdure.runs SET
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
   AND (NOT cancel_requested OR %(canceling)s)
+  AND (NOT suspend_requested OR %(canceling)s)
 RETURNING app, generation, ledger_sequence;
 
 -- name: release
+-- A run whose suspend was asked is given back suspended (to resume as queued).
 UPDATE perdure.runs SET
-    state = 'queued',
+    state = CASE WHEN suspend_requested THEN 'suspended' ELSE 'queued' END,
+    suspended_from = CASE WHEN suspend_requested THEN 'queued' ELSE suspended_from END,
+    suspend_requested = false,
     worker = NULL,
     lease_expires_at = NULL,
     ready_at = CASE WHEN %(delay)s::float8 > 0
@@ -472,7 +480,7 @@ SELECT c.parent_id, c.name, 'signaled', c.payload,
 FROM unnest(%(parent_ids)s::text[], %(names)s::text[], %(payloads)s::text[])
     AS c(parent_id, name, payload)
 JOIN perdure.runs AS p ON p.run_id = c.parent_id
-WHERE p.state IN ('queued', 'running', 'waiting', 'needs_attention')
+WHERE p.state IN ('queued', 'running', 'waiting', 'suspended', 'needs_attention')
 ON CONFLICT (run_id, name) DO NOTHING;
 
 -- name: wake_parents
@@ -582,7 +590,7 @@ UPDATE perdure.runs SET
     ready_at = NULL,
     ledger_sequence = ledger_sequence + 1,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('queued', 'waiting')
+WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('queued', 'waiting', 'suspended')
 RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
 
 -- name: cancel_request
@@ -979,3 +987,81 @@ UPDATE perdure.schedules SET
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE app = %(app)s AND name = %(name)s
 RETURNING *;
+
+-- == suspending runs and run deadlines (perdure.store.controlport) ===========
+
+-- name: suspend_now
+-- A queued or waiting run is suspended at once; it keeps its ready_at and
+-- its waits, and remembers where resume returns it.
+UPDATE perdure.runs SET
+    suspended_from = state,
+    state = 'suspended',
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state IN ('queued', 'waiting')
+RETURNING run_id, generation, ledger_sequence;
+
+-- name: suspend_request
+-- A running run is suspended by its owner, at its next journal write.
+UPDATE perdure.runs SET
+    suspend_requested = true,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'running' AND NOT suspend_requested
+RETURNING run_id, generation, ledger_sequence;
+
+-- name: unsuspend
+UPDATE perdure.runs SET
+    state = coalesce(suspended_from, 'queued'),
+    suspended_from = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'suspended'
+RETURNING run_id, app, state, ready_at, generation, ledger_sequence;
+
+-- name: suspend_withdraw
+-- Resume before the owner took the suspend: the run goes on.
+UPDATE perdure.runs SET
+    suspend_requested = false,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'running' AND suspend_requested
+RETURNING run_id, app, state, ready_at, generation, ledger_sequence;
+
+-- name: let_go
+-- The owner of a run whose suspend was asked records what it did and lets go:
+-- the run becomes suspended (to resume as queued). SET expressions read the
+-- old row, so a suspend withdrawn meanwhile leaves the run running and only
+-- the entries are recorded. Fenced like every write; a cancel wins.
+UPDATE perdure.runs SET
+    state = CASE WHEN suspend_requested THEN 'suspended' ELSE state END,
+    suspended_from = CASE WHEN suspend_requested THEN 'queued' ELSE suspended_from END,
+    worker = CASE WHEN suspend_requested THEN NULL ELSE worker END,
+    lease_expires_at = CASE WHEN suspend_requested THEN NULL ELSE lease_expires_at END,
+    ready_at = CASE WHEN suspend_requested THEN NULL ELSE ready_at END,
+    failures = CASE WHEN %(reset)s THEN 0 ELSE failures END,
+    ledger_sequence = ledger_sequence + %(receipts)s
+        + CASE WHEN suspend_requested THEN 1 ELSE 0 END,
+    suspend_requested = false,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
+  AND NOT cancel_requested
+RETURNING app, generation, ledger_sequence, state;
+
+-- name: deadline_due
+-- Live runs past their deadline that no cancel has reached yet, a bounded
+-- batch; served by runs_deadline.
+SELECT run_id FROM perdure.runs
+WHERE deadline IS NOT NULL AND deadline <= coalesce(%(now)s::timestamptz, statement_timestamp())
+  AND state IN ('queued', 'running', 'waiting', 'suspended')
+  AND NOT cancel_requested
+  AND (%(app)s::text IS NULL OR app = %(app)s::text)
+  AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
+ORDER BY deadline, run_id
+LIMIT %(limit)s;
+
+-- name: deadline_error
+-- The error of runs a deadline cancels at once (a running one is ended by its owner).
+UPDATE perdure.runs SET error = %(error)s
+WHERE run_id = ANY(%(run_ids)s::text[])
+  AND state IN ('queued', 'waiting', 'suspended');

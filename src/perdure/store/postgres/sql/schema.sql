@@ -39,6 +39,12 @@ CREATE TABLE perdure.runs (
     ledger_limit integer NOT NULL DEFAULT 256,
     -- 'cancel' if the run is canceled when its parent ends; NULL: it runs on.
     parent_close text,
+    -- The instant by which the run must have ended, else it is canceled; NULL: none.
+    deadline timestamptz,
+    -- A suspend asked of a running run, applied by its owner at its next journal write.
+    suspend_requested boolean NOT NULL DEFAULT false,
+    -- The state a suspended run returns to on resume ('queued' or 'waiting').
+    suspended_from text,
     -- Idempotent creation: one run per (app, key); runs without a key never collide.
     CONSTRAINT runs_app_key UNIQUE (app, key)
 );
@@ -196,3 +202,7 @@ CREATE TABLE perdure.schedules (
     updated_at timestamptz NOT NULL,
     PRIMARY KEY (app, name)
 );
+
+-- Deadline sweeps (0011): only runs that can still pass theirs.
+CREATE INDEX runs_deadline ON perdure.runs (deadline)
+    WHERE deadline IS NOT NULL AND state IN ('queued', 'running', 'waiting', 'suspended');

@@ -23,11 +23,11 @@ INSERT INTO perdure_schema (version, applied_at) VALUES (:version, :now);
 -- Conflicts on run_id or on (app, key) store nothing; the caller reads back.
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline
 )
 VALUES (
     :run_id, :app, :workflow, :version, 'queued', :input, :key, :parent_id,
-    1, :ledger_limit, :now, :now
+    1, :ledger_limit, :now, :now, :deadline
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -184,7 +184,7 @@ WHERE run_id = :run_id
 RETURNING generation, ledger_sequence;
 
 -- name: fence_state
-SELECT generation, state, cancel_requested FROM runs WHERE run_id = :run_id;
+SELECT generation, state, cancel_requested, suspend_requested FROM runs WHERE run_id = :run_id;
 
 -- name: renew
 UPDATE runs SET
@@ -200,6 +200,7 @@ UPDATE runs SET
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
+  AND (suspend_requested = 0 OR :canceling)
 RETURNING app, generation, ledger_sequence, ledger_limit;
 
 -- name: fence_step
@@ -209,11 +210,15 @@ UPDATE runs SET
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
+  AND (suspend_requested = 0 OR :canceling)
 RETURNING app, generation, ledger_sequence, ledger_limit;
 
 -- name: release
+-- A run whose suspend was asked is given back suspended (to resume as queued).
 UPDATE runs SET
-    state = 'queued',
+    state = CASE WHEN suspend_requested = 1 THEN 'suspended' ELSE 'queued' END,
+    suspended_from = CASE WHEN suspend_requested = 1 THEN 'queued' ELSE suspended_from END,
+    suspend_requested = 0,
     worker = NULL,
     lease_expires_at = NULL,
     ready_at = :now + CAST(round(:delay * 1000000) AS INTEGER),
@@ -360,7 +365,7 @@ INSERT INTO outcomes (run_id, name, outcome, signal_id, payload, payload_digest,
 SELECT p.run_id, json_extract(b.value, '$[1]'), 'signaled', NULL, json_extract(b.value, '$[2]'), NULL, :now
 FROM json_each(:batch) AS b
 JOIN runs AS p ON p.run_id = json_extract(b.value, '$[0]')
-WHERE p.state IN ('queued', 'running', 'waiting')
+WHERE p.state IN ('queued', 'running', 'waiting', 'suspended')
 ON CONFLICT (run_id, name) DO NOTHING;
 
 -- name: wake_parents
@@ -465,7 +470,7 @@ UPDATE runs SET
     ready_at = NULL,
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
-WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('queued', 'waiting')
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('queued', 'waiting', 'suspended')
 RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
 
 -- name: cancel_request
@@ -507,9 +512,9 @@ RETURNING run_id, app, parent_id, state, result, error, generation, ledger_seque
 -- Runs with a signal or child wait past its deadline and no outcome. A
 -- receive's timeout is its owner's to decide (it compares the journaled
 -- deadline with the messages it finds): channel waits get no outcome, their
--- runs are woken by sweep_due_runs.
+-- runs are woken by sweep_due_runs. A suspended run's deadlines wait for its resume.
 SELECT r.run_id FROM runs AS r
-WHERE r.state NOT IN ('succeeded', 'failed', 'canceled')
+WHERE r.state NOT IN ('succeeded', 'failed', 'canceled', 'suspended')
   AND r.run_id IN (
       SELECT w.run_id FROM waits AS w
       WHERE w.deadline IS NOT NULL AND w.deadline <= :now AND w.kind NOT IN ('channel', 'update')
@@ -794,3 +799,80 @@ UPDATE schedules SET
     updated_at = :now
 WHERE app = :app AND name = :name
 RETURNING *;
+
+-- == suspending runs and run deadlines (perdure.store.controlport) ===========
+
+-- name: suspend_now
+-- A queued or waiting run is suspended at once; it keeps its ready_at and
+-- its waits, and remembers where resume returns it.
+UPDATE runs SET
+    suspended_from = state,
+    state = 'suspended',
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state IN ('queued', 'waiting')
+RETURNING run_id, generation, ledger_sequence;
+
+-- name: suspend_request
+-- A running run is suspended by its owner, at its next journal write.
+UPDATE runs SET
+    suspend_requested = 1,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state = 'running' AND suspend_requested = 0
+RETURNING run_id, generation, ledger_sequence;
+
+-- name: unsuspend
+UPDATE runs SET
+    state = coalesce(suspended_from, 'queued'),
+    suspended_from = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state = 'suspended'
+RETURNING run_id, app, state, ready_at, generation, ledger_sequence;
+
+-- name: suspend_withdraw
+-- Resume before the owner took the suspend: the run goes on.
+UPDATE runs SET
+    suspend_requested = 0,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state = 'running' AND suspend_requested = 1
+RETURNING run_id, app, state, ready_at, generation, ledger_sequence;
+
+-- name: let_go
+-- The owner of a run whose suspend was asked records what it did and lets go:
+-- the run becomes suspended (to resume as queued). SET expressions read the
+-- old row, so a suspend withdrawn meanwhile leaves the run running and only
+-- the entries are recorded. Fenced like every write; a cancel wins.
+UPDATE runs SET
+    state = CASE WHEN suspend_requested = 1 THEN 'suspended' ELSE state END,
+    suspended_from = CASE WHEN suspend_requested = 1 THEN 'queued' ELSE suspended_from END,
+    worker = CASE WHEN suspend_requested = 1 THEN NULL ELSE worker END,
+    lease_expires_at = CASE WHEN suspend_requested = 1 THEN NULL ELSE lease_expires_at END,
+    ready_at = CASE WHEN suspend_requested = 1 THEN NULL ELSE ready_at END,
+    failures = CASE WHEN :reset THEN 0 ELSE failures END,
+    ledger_sequence = ledger_sequence + :receipts + suspend_requested,
+    suspend_requested = 0,
+    updated_at = :now
+WHERE run_id = :run_id AND generation = :generation AND state = 'running'
+  AND cancel_requested = 0
+RETURNING app, generation, ledger_sequence, state;
+
+-- name: deadline_due
+-- Live runs past their deadline that no cancel has reached yet, a bounded
+-- batch; served by runs_deadline.
+SELECT run_id FROM runs
+WHERE deadline IS NOT NULL AND deadline <= :now
+  AND state IN ('queued', 'running', 'waiting', 'suspended')
+  AND cancel_requested = 0
+  AND (:app IS NULL OR app = :app)
+  AND (:run_id IS NULL OR run_id = :run_id)
+ORDER BY deadline, run_id
+LIMIT :limit;
+
+-- name: deadline_error
+-- The error of runs a deadline cancels at once (a running one is ended by its owner).
+UPDATE runs SET error = :error
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+  AND state IN ('queued', 'waiting', 'suspended');

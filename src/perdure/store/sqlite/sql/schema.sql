@@ -34,7 +34,10 @@ CREATE TABLE runs (
     updated_at INTEGER NOT NULL,
     lease_ttl INTEGER,
     ledger_limit INTEGER NOT NULL DEFAULT 256,
-    parent_close TEXT
+    parent_close TEXT,
+    deadline INTEGER,
+    suspend_requested INTEGER NOT NULL DEFAULT 0,
+    suspended_from TEXT
 );
 
 -- Idempotent creation: one run per (app, key).
@@ -184,3 +187,10 @@ CREATE TABLE schedules (
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (app, name)
 );
+
+-- Suspending runs and run deadlines (0011).
+-- deadline: the instant by which the run must have ended; suspend_requested:
+-- a suspend asked of a running run; suspended_from: where resume returns it.
+-- Deadline sweeps: only runs that can still pass theirs.
+CREATE INDEX runs_deadline ON runs (deadline)
+    WHERE deadline IS NOT NULL AND state IN ('queued', 'running', 'waiting', 'suspended');
