@@ -15,6 +15,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from perdure import (
@@ -22,6 +23,7 @@ from perdure import (
     endings,
     errors,
     journal,
+    lineage,
     liveclient,
     records,
     signals,
@@ -101,6 +103,7 @@ def run_info(run: port.Run) -> records.RunInfo:
         key=run.key,
         parent_id=run.parent_id,
         cancel_requested=run.cancel_requested,
+        continued_as=run.continued_as,
     )
 
 
@@ -211,7 +214,8 @@ class Client(liveclient.LiveCalls):
             key=key,
         )
         run, created = self.store.create_run(new)
-        if not created and not port.same_start(run, new):
+        # A key that follows a chain names the start of its first run.
+        if not created and not port.same_start(lineage.first(self.store, run), new):
             raise errors.KeyConflict(str(key), run, workflow)
         return RunHandle[Any](self, run.run_id, hint, created=created)
 
@@ -233,9 +237,24 @@ class Client(liveclient.LiveCalls):
             raise errors.RunNotFound(run_id)
         return run
 
-    def get(self, run_id: str) -> records.RunInfo:
-        """Return the run's current information."""
-        return run_info(self._run(run_id))
+    def get(self, run_id: str, *, follow: bool = True) -> records.RunInfo:
+        """Return the run's current information.
+
+        A run that continued as new is answered by its chain's current run
+        (``follow=False``: by itself); ``chain`` lists the chain's run ids.
+        """
+        run = self._run(run_id)
+        if follow:
+            run = lineage.current(self.store, run)
+        return replace(run_info(run), chain=lineage.chain_ids(self.store, run))
+
+    def _current(self, run_id: str) -> port.Run:
+        """Return the run, or the current run of its chain if it continued as new."""
+        return lineage.current(self.store, self._run(run_id))
+
+    def _ended(self, run_id: str) -> records.RunInfo:
+        """Return the information of the run's chain's current run (no chain listing)."""
+        return run_info(self._current(run_id))
 
     def runs(
         self, state: str | None = None, workflow: str | None = None, limit: int = 100
@@ -258,7 +277,7 @@ class Client(liveclient.LiveCalls):
         # worker of this process in between is not missed.
         with endings.of(self.store).watch(run_id) as ended:
             while True:
-                info = self.get(run_id)
+                info = self._ended(run_id)
                 if info.state == "succeeded":
                     return codec.convert(info.result, hint)
                 if info.done:
@@ -278,7 +297,7 @@ class Client(liveclient.LiveCalls):
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = POLL_FIRST
         while True:
-            info = await self.aget(run_id)
+            info = await self._aended(run_id)
             if info.state == "succeeded":
                 return codec.convert(info.result, hint)
             if info.done:
@@ -361,24 +380,36 @@ class Client(liveclient.LiveCalls):
             errors.RunFinished: the run ended without settling a wait on this name.
         """
         signals.target(name)  # a bad name is refused before anything is read
-        run = self._run(run_id)
-        if run.state in port.TERMINAL_STATES:
-            return signals.ended_answer(self.store, run, name, signal_id)
-        try:
-            return signals.deliver(self.store, run, name, payload, signal_id, self.payload_limit)
-        except errors.RunFinished:
-            # The run ended after it was read: its journal answers, as above.
-            return signals.ended_answer(self.store, self._run(run_id), name, signal_id)
+        run = self._current(run_id)
+        while True:
+            if run.state in port.TERMINAL_STATES:
+                return signals.ended_answer(self.store, run, name, signal_id)
+            try:
+                return signals.deliver(
+                    self.store, run, name, payload, signal_id, self.payload_limit
+                )
+            except errors.RunFinished:
+                # The run ended after it was read: its journal answers, as above,
+                # unless it continued as new: then its successor takes the signal.
+                run = self._current(run.run_id)
 
     def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
         """Store a channel message; False when ``key`` was already sent (first payload wins)."""
         codec.check_text("a channel name", channel)
         codec.check_text("a message key", key)
-        run = self._run(run_id)
-        if run.state in port.TERMINAL_STATES:
-            raise errors.RunFinished(run_id, run.state)
         text = codec.check_size(codec.encode(payload), self.payload_limit, "the message")
-        return self.store.send(port.NewMessage(run_id, channel, key, text))
+        run = self._current(run_id)
+        while True:
+            if run.state in port.TERMINAL_STATES:
+                raise errors.RunFinished(run.run_id, run.state)
+            try:
+                return self.store.send(port.NewMessage(run.run_id, channel, key, text))
+            except errors.RunFinished:
+                # Ended after it was read: a run that continued as new hands over.
+                after = self._current(run.run_id)
+                if after.run_id == run.run_id:
+                    raise
+                run = after
 
     def _settle_expired(self, waits: list[port.WaitRecord]) -> list[port.WaitRecord]:
         """Settle expired signal waits as timed out (and wake runs past a receive's
@@ -657,6 +688,7 @@ class Client(liveclient.LiveCalls):
         ]
 
     aget = athread(get)
+    _aended = athread(_ended)
     aattempts = athread(attempts)
     afork = athread(fork)
     aruns = athread(runs)

@@ -30,6 +30,11 @@ class RunInfo:
     key: str | None = None
     parent_id: str | None = None
     cancel_requested: bool = False
+    # Continue-as-new: the successor of a run that continued (it ended
+    # "succeeded" with no result), and the run ids of its chain, first to
+    # current, as ``app.get`` reports them (empty outside any chain).
+    continued_as: str | None = None
+    chain: tuple[str, ...] = ()
 
     @property
     def done(self) -> bool:

@@ -99,6 +99,7 @@ LEDGER_KINDS: frozenset[str] = frozenset(
         "released",
         "resolved",
         "finished",
+        "continued",
     }
 )
 
@@ -168,6 +169,10 @@ class Run:
     # The number of receipts the run keeps, fixed when it is created, so that
     # a process with another bound neither trims nor reads it by its own.
     ledger_limit: int = 256
+    # Continue-as-new (perdure.store.chainport): the successor of a run that
+    # continued, and the first run of its chain (None outside any chain).
+    continued_as: str | None = None
+    origin: str | None = None
 
 
 def same_start(found: Run, new: NewRun) -> bool:

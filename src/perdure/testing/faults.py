@@ -59,6 +59,8 @@ WRITES: frozenset[str] = frozenset(
         "create_token",
         "revoke_token",
         "prune",
+        # the chain section
+        "continue_run",
     }
 )
 """The store operations that may change what is stored (``migrate`` aside)."""

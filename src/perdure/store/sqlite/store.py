@@ -30,6 +30,7 @@ from perdure import errors
 from perdure.store import (
     appschema,
     census,
+    chaining,
     ledger,
     live,
     liveport,
@@ -59,6 +60,7 @@ class _Poll:
 
 class SqliteStore(
     connection.Connections,
+    chaining.ChainTransitions[Cursor],
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],

@@ -11,6 +11,8 @@ CREATE TABLE perdure_schema (
 
 -- ledger_limit: how many provenance receipts the run keeps, fixed when it is created.
 -- parent_close: 'cancel' if the run is canceled when its parent ends; NULL: it runs on.
+-- continued_as: the successor of a run that continued as new; origin: the first
+-- run of its chain (NULL for a run outside any chain).
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     app TEXT NOT NULL,
@@ -34,7 +36,9 @@ CREATE TABLE runs (
     updated_at INTEGER NOT NULL,
     lease_ttl INTEGER,
     ledger_limit INTEGER NOT NULL DEFAULT 256,
-    parent_close TEXT
+    parent_close TEXT,
+    continued_as TEXT,
+    origin TEXT
 );
 
 -- Idempotent creation: one run per (app, key).
@@ -51,6 +55,9 @@ CREATE INDEX runs_running ON runs (lease_expires_at) WHERE state = 'running';
 
 -- Child counts and recursive cancel.
 CREATE INDEX runs_parent ON runs (parent_id, state) WHERE parent_id IS NOT NULL;
+
+-- The current run of a chain, found from any of its run ids.
+CREATE INDEX runs_origin ON runs (origin, created_at) WHERE origin IS NOT NULL;
 
 
 CREATE TABLE journal (
