@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 import perdure
+from perdure import cli
 from perdure.testing import Environment
 
 
@@ -217,3 +220,19 @@ def test_the_async_client_follows_the_chain(store_url: str) -> None:
 
         info, result = asyncio.run(read())
         assert result == 3 and info.result == 3 and len(info.chain) == 3
+
+
+def test_perdure_show_prints_the_current_run_and_the_chain(store_url: str) -> None:
+    app = build(store_url)
+    with Environment(app, store=store_url) as env:
+        first = env.start("counter", 0, 2)
+        env.run_until_idle()
+        chain = app.get(first.run_id).chain
+    shown = CliRunner().invoke(cli.cli, ["show", first.run_id, "--store", store_url, "--json"])
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.output)
+    assert doc["run_id"] == chain[-1] and doc["chain"] == list(chain) and doc["result"] == 3
+    text = CliRunner().invoke(cli.cli, ["show", first.run_id, "--store", store_url, "--history"])
+    assert text.exit_code == 0, text.output
+    assert " -> ".join(chain) in text.output
+    assert f"continued from {chain[1]}" in text.output
