@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 import perdure
 from perdure import cli
-from perdure.testing import Environment
+from perdure import client as client_api
+from perdure.testing import Environment, faults
 
 
 def build(store_url: str) -> perdure.App:
@@ -78,6 +79,13 @@ def build(store_url: str) -> perdure.App:
     @app.workflow(version="1")
     def sloppy(ctx: perdure.Context) -> str:
         ctx.continue_as_new(1, 2, 3)
+
+    @app.workflow(version="1")
+    async def ticker(ctx: perdure.Context, n: int) -> int:
+        await ctx.sleep(1)
+        if n < 2:
+            ctx.continue_as_new(n + 1)
+        return n
 
     return app
 
@@ -236,3 +244,35 @@ def test_perdure_show_prints_the_current_run_and_the_chain(store_url: str) -> No
     assert text.exit_code == 0, text.output
     assert " -> ".join(chain) in text.output
     assert f"continued from {chain[1]}" in text.output
+
+
+def test_an_async_workflow_continues_as_new(store_url: str) -> None:
+    app = build(store_url)
+    with Environment(app, store=store_url) as env:
+        first = env.start("ticker", 0)
+        env.advance(10)
+        assert first.result(timeout=5) == 2 and len(app.get(first.run_id).chain) == 3
+
+
+def test_a_send_or_signal_racing_the_continue_lands_on_the_successor(store_url: str) -> None:
+    app = build(store_url)
+    with Environment(app, store=store_url) as env:
+        sent = env.start("stopper", 0)
+        racing = faults.FaultyStore(env.store)
+        client = client_api.Client(racing, app.name)
+        # The client has read the run as live; the run continues before its write.
+        racing.before("send", lambda *args, **kwargs: env.run_until_idle())
+        assert client.send(sent.run_id, "events", "late", 1) is True
+        second = app.get(sent.run_id)
+        assert second.run_id != sent.run_id
+        assert [m.key for m in [env.store.next_message(second.run_id, "events", 0)] if m] == [
+            "late"
+        ]
+        signaled = env.start("stopper", 0)
+        racing.before("settle_wait", lambda *args, **kwargs: env.run_until_idle())
+        receipt = client.signal(signaled.run_id, "stop", "now", signal_id="late-1")
+        assert racing.calls["settle_wait"] == 2  # refused by the ended run, then taken
+        current = app.get(signaled.run_id)
+        assert receipt.run_id == current.run_id != signaled.run_id
+        env.run_until_idle()
+        assert signaled.result(timeout=5) == "now"
