@@ -165,6 +165,7 @@ class Execution:
     def successor(
         self, version: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> chains.Handover:
+        chainport.require(self.store)  # a store without chains fails the run here, clearly
         run = self.run_
         target = run.version if version is None else version
         codec.check_text("a workflow version", target)
