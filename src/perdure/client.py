@@ -252,7 +252,7 @@ class Client(liveclient.LiveCalls):
         """Return the run, or the current run of its chain if it continued as new."""
         return lineage.current(self.store, self._run(run_id))
 
-    def _ended(self, run_id: str) -> records.RunInfo:
+    def _current_info(self, run_id: str) -> records.RunInfo:
         """Return the information of the run's chain's current run (no chain listing)."""
         return run_info(self._current(run_id))
 
@@ -277,7 +277,7 @@ class Client(liveclient.LiveCalls):
         # worker of this process in between is not missed.
         with endings.of(self.store).watch(run_id) as ended:
             while True:
-                info = self._ended(run_id)
+                info = self._current_info(run_id)
                 if info.state == "succeeded":
                     return codec.convert(info.result, hint)
                 if info.done:
@@ -297,7 +297,7 @@ class Client(liveclient.LiveCalls):
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = POLL_FIRST
         while True:
-            info = await self._aended(run_id)
+            info = await self._acurrent_info(run_id)
             if info.state == "succeeded":
                 return codec.convert(info.result, hint)
             if info.done:
@@ -368,8 +368,10 @@ class Client(liveclient.LiveCalls):
     ) -> records.Receipt:
         """Settle the earliest open wait on ``name``, or the one wait ``name#k``.
 
-        A signal that arrives before the run waits is kept for its wait.
-        Returns the receipt of the wait it settled.
+        A signal that arrives before the run waits is kept for its wait. A
+        run that continued as new is signaled through its chain's current
+        run. Returns the receipt of the wait it settled (its ``run_id``
+        names the run that took it).
 
         Raises:
             errors.WaitSettled: the one wait named was settled by another signal, a timeout
@@ -394,7 +396,10 @@ class Client(liveclient.LiveCalls):
                 run = self._current(run.run_id)
 
     def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
-        """Store a channel message; False when ``key`` was already sent (first payload wins)."""
+        """Store a channel message; False when ``key`` was already sent (first payload wins).
+
+        A run that continued as new takes it through its chain's current run.
+        """
         codec.check_text("a channel name", channel)
         codec.check_text("a message key", key)
         text = codec.check_size(codec.encode(payload), self.payload_limit, "the message")
@@ -469,7 +474,10 @@ class Client(liveclient.LiveCalls):
     # -- operators ------------------------------------------------------------
 
     def cancel(self, run_id: str) -> bool:
-        """Cancel the run and its descendants; True if the request took effect."""
+        """Cancel the run and its descendants; True if the request took effect.
+
+        A run that continued as new is canceled through its chain's current run.
+        """
         self._run(run_id)
         return self.store.request_cancel(run_id)
 
@@ -688,7 +696,7 @@ class Client(liveclient.LiveCalls):
         ]
 
     aget = athread(get)
-    _aended = athread(_ended)
+    _acurrent_info = athread(_current_info)
     aattempts = athread(attempts)
     afork = athread(fork)
     aruns = athread(runs)
