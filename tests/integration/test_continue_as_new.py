@@ -215,6 +215,16 @@ def test_version_moves_the_successor_and_bad_arguments_fail_the_run(store_url: s
         failed = app.get(sloppy.run_id)
         assert failed.state == "failed" and failed.run_id == sloppy.run_id
         assert failed.error is not None and "bad arguments" in failed.error["message"]
+    # A deploy that has version 2 runs the successor.
+    newer = perdure.App(store_url, name=app.name)
+
+    @newer.workflow(name="mover", version="2")
+    def mover_v2(ctx: perdure.Context, to: str) -> str:
+        return f"moved with {to}"
+
+    with Environment(newer, store=store_url) as env:
+        env.run_until_idle()
+        assert newer.handle(moved.run_id).result(timeout=5) == "moved with x"
 
 
 def test_the_async_client_follows_the_chain(store_url: str) -> None:
