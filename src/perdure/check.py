@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from perdure import (
+    chains,
     codec,
     context,
     errors,
@@ -167,6 +168,11 @@ class ReplayRuntime:
     ) -> tuple[str | None, dict[str, Any]]:
         return registry.child_call(self._registry, workflow, key, args, kwargs)
 
+    def successor(
+        self, version: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> chains.Handover:
+        return chains.Handover("", version or "", "")  # replay writes nothing
+
     def now(self) -> datetime:
         # Only compared with recorded deadlines: a recorded sleep is over
         # (the run went on), and an open wait stops the replay below.
@@ -276,6 +282,8 @@ def check_run(
         ended = "the end of the workflow (returns)"
     except (_Frontier, context.Parked):
         return None
+    except chains.ContinueAsNew:
+        ended = "the end of the run (continues as new)"
     except steps.Halt as halt:
         if cursor.mismatch is not None:
             position, recorded, attempted = cursor.mismatch

@@ -15,6 +15,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -23,6 +24,7 @@ from perdure import (
     endings,
     errors,
     journal,
+    lineage,
     liveclient,
     records,
     signals,
@@ -110,6 +112,7 @@ def run_info(run: port.Run, opener: Callable[[Any], Any] | None = None) -> recor
         cancel_requested=run.cancel_requested,
         deadline=run.deadline,
         suspend_requested=run.suspend_requested,
+        continued_as=run.continued_as,
     )
 
 
@@ -238,7 +241,10 @@ class Client(liveclient.LiveCalls):
             deadline=until,
         )
         run, created = self.store.create_run(new)
-        if not created and not port.same_start(run, new, self.payloads.open_text):
+        # A key that follows a chain names the start of its first run.
+        if not created and not port.same_start(
+            lineage.first(self.store, run), new, self.payloads.open_text
+        ):
             raise errors.KeyConflict(str(key), run, workflow)
         return RunHandle[Any](self, run.run_id, hint, created=created)
 
@@ -289,9 +295,24 @@ class Client(liveclient.LiveCalls):
             run = self.store.get_run(run_id) or run
         return run
 
-    def get(self, run_id: str) -> records.RunInfo:
-        """Return the run's current information."""
-        return run_info(self._run(run_id), self.payloads.open)
+    def get(self, run_id: str, *, follow: bool = True) -> records.RunInfo:
+        """Return the run's current information.
+
+        A run that continued as new is answered by its chain's current run
+        (``follow=False``: by itself); ``chain`` lists the chain's run ids.
+        """
+        run = self._run(run_id)
+        if follow:
+            run = lineage.current(self.store, run)
+        return replace(run_info(run, self.payloads.open), chain=lineage.chain_ids(self.store, run))
+
+    def _current(self, run_id: str) -> port.Run:
+        """Return the run, or the current run of its chain if it continued as new."""
+        return lineage.current(self.store, self._run(run_id))
+
+    def _current_info(self, run_id: str) -> records.RunInfo:
+        """Return the information of the run's chain's current run (no chain listing)."""
+        return run_info(self._current(run_id), self.payloads.open)
 
     def runs(
         self, state: str | None = None, workflow: str | None = None, limit: int = 100
@@ -314,7 +335,7 @@ class Client(liveclient.LiveCalls):
         # worker of this process in between is not missed.
         with endings.of(self.store).watch(run_id) as ended:
             while True:
-                info = self.get(run_id)
+                info = self._current_info(run_id)
                 if info.state == "succeeded":
                     return codec.convert(info.result, hint)
                 if info.done:
@@ -334,7 +355,7 @@ class Client(liveclient.LiveCalls):
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = POLL_FIRST
         while True:
-            info = await self.aget(run_id)
+            info = await self._acurrent_info(run_id)
             if info.state == "succeeded":
                 return codec.convert(info.result, hint)
             if info.done:
@@ -405,8 +426,10 @@ class Client(liveclient.LiveCalls):
     ) -> records.Receipt:
         """Settle the earliest open wait on ``name``, or the one wait ``name#k``.
 
-        A signal that arrives before the run waits is kept for its wait.
-        Returns the receipt of the wait it settled.
+        A signal that arrives before the run waits is kept for its wait. A
+        run that continued as new is signaled through its chain's current
+        run. Returns the receipt of the wait it settled (its ``run_id``
+        names the run that took it).
 
         Raises:
             errors.WaitSettled: the one wait named was settled by another signal, a timeout
@@ -417,24 +440,37 @@ class Client(liveclient.LiveCalls):
             errors.RunFinished: the run ended without settling a wait on this name.
         """
         signals.target(name)  # a bad name is refused before anything is read
-        run = self._run(run_id)
-        if run.state in port.TERMINAL_STATES:
-            return signals.ended_answer(self.store, run, name, signal_id)
-        try:
-            return signals.deliver(self.store, run, name, payload, signal_id, self.payloads)
-        except errors.RunFinished:
-            # The run ended after it was read: its journal answers, as above.
-            return signals.ended_answer(self.store, self._run(run_id), name, signal_id)
+        run = self._current(run_id)
+        while True:
+            if run.state in port.TERMINAL_STATES:
+                return signals.ended_answer(self.store, run, name, signal_id)
+            try:
+                return signals.deliver(self.store, run, name, payload, signal_id, self.payloads)
+            except errors.RunFinished:
+                # The run ended after it was read: its journal answers, as above,
+                # unless it continued as new: then its successor takes the signal.
+                run = self._current(run.run_id)
 
     def send(self, run_id: str, channel: str, key: str, payload: Any = None) -> bool:
-        """Store a channel message; False when ``key`` was already sent (first payload wins)."""
+        """Store a channel message; False when ``key`` was already sent (first payload wins).
+
+        A run that continued as new takes it through its chain's current run.
+        """
         codec.check_text("a channel name", channel)
         codec.check_text("a message key", key)
-        run = self._run(run_id)
-        if run.state in port.TERMINAL_STATES:
-            raise errors.RunFinished(run_id, run.state)
         text = self.payloads.seal(payload, "the message")
-        return self.store.send(port.NewMessage(run_id, channel, key, text))
+        run = self._current(run_id)
+        while True:
+            if run.state in port.TERMINAL_STATES:
+                raise errors.RunFinished(run.run_id, run.state)
+            try:
+                return self.store.send(port.NewMessage(run.run_id, channel, key, text))
+            except errors.RunFinished:
+                # Ended after it was read: a run that continued as new hands over.
+                after = self._current(run.run_id)
+                if after.run_id == run.run_id:
+                    raise
+                run = after
 
     def _settle_expired(self, waits: list[port.WaitRecord]) -> list[port.WaitRecord]:
         """Settle expired signal waits as timed out (and wake runs past a receive's
@@ -525,7 +561,10 @@ class Client(liveclient.LiveCalls):
     # -- operators ------------------------------------------------------------
 
     def cancel(self, run_id: str) -> bool:
-        """Cancel the run and its descendants; True if the request took effect."""
+        """Cancel the run and its descendants; True if the request took effect.
+
+        A run that continued as new is canceled through its chain's current run.
+        """
         self._run(run_id)
         return self.store.request_cancel(run_id)
 
@@ -742,6 +781,7 @@ class Client(liveclient.LiveCalls):
         ]
 
     aget = athread(get)
+    _acurrent_info = athread(_current_info)
     aattempts = athread(attempts)
     afork = athread(fork)
     aruns = athread(runs)

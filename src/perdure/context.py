@@ -21,9 +21,21 @@ import uuid as _uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
-from perdure import codec, errors, journal, live, ready, records, replay, select, signals, steps
+from perdure import (
+    chains,
+    codec,
+    errors,
+    journal,
+    live,
+    ready,
+    records,
+    replay,
+    select,
+    signals,
+    steps,
+)
 
 _CURRENT: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "perdure_context", default=None
@@ -70,6 +82,11 @@ class Runtime(steps.Runtime, Protocol):
         ``key=`` goes to a workflow that has a parameter named ``key``; the
         run key then comes from ``workflow.keyed(...)``.
         """
+
+    def successor(
+        self, version: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> chains.Handover:
+        """Check a successor's arguments as ``app.start`` does; return what it starts with."""
 
     def now(self) -> datetime:
         """Return the store's current time."""
@@ -553,6 +570,29 @@ class Context:
             return
         self._publish("stream_close", key, live.StreamClosed())
         self._live.closed.add(key)
+
+    # -- continuing as new ------------------------------------------------------
+
+    def continue_as_new(self, *args: Any, version: str | None = None, **kwargs: Any) -> NoReturn:
+        """End this run and start its successor with ``args`` and ``kwargs``; never returns.
+
+        The successor runs the same workflow (``version=`` moves it to
+        another version of it) from a fresh journal. In the same store
+        transaction the run ends ``succeeded`` with no result and names its
+        successor (``RunInfo.continued_as``), and the successor is created
+        queued with the run's key and parent, the channel messages this run
+        has not consumed and the signals it has not applied. The first run
+        id keeps answering ``get``, ``result()``, signals, messages and
+        cancel through the chain's current run.
+
+        Raises:
+            errors.InvalidInput: the arguments do not fit the workflow's signature.
+            errors.InvalidPayload: a value does not fit its type hint, or is too large.
+        """
+        self._runtime.check()
+        handover = self._runtime.successor(version, args, kwargs)
+        handover.consumed = dict(self._consumed)
+        raise chains.ContinueAsNew(handover)
 
     # -- changing live workflows ------------------------------------------------
 

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from perdure import (
+    chains,
     codec,
     context,
     effects,
@@ -35,7 +36,7 @@ from perdure import (
     validation,
 )
 from perdure import registry as registry_api
-from perdure.store import controlport, liveport, port
+from perdure.store import chainport, controlport, liveport, port
 
 log = logging.getLogger("perdure.worker")
 
@@ -162,6 +163,22 @@ class Execution:
         self, workflow: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[str | None, dict[str, Any]]:
         return registry_api.child_call(self.host.registry, workflow, key, args, kwargs)
+
+    def successor(
+        self, version: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> chains.Handover:
+        chainport.require(self.store)  # a store without chains fails the run here, clearly
+        run = self.run_
+        target = run.version if version is None else version
+        codec.check_text("a workflow version", target)
+        wf = self.host.registry.workflow_def(run.workflow)
+        # Another version's code may not be here: its worker checks it when it runs.
+        if wf is not None and wf.version == target:
+            registry_api.check_arguments(wf, args, kwargs)
+        text = self.payloads.seal(
+            {"args": list(args), "kwargs": kwargs}, "the successor's input", envelope=2
+        )
+        return chains.Handover(run.workflow, target, text)
 
     @property
     def payload_limit(self) -> int:
@@ -629,6 +646,8 @@ class Execution:
         if isinstance(exc, errors.Canceled):
             self.acknowledge_cancel()
             self._settle_cancel()
+        elif isinstance(exc, chains.ContinueAsNew):
+            self._continue(exc.handover)
         elif isinstance(exc, steps.Halt):
             if exc.reason == "needs_attention":
                 self._finish("needs_attention", error=codec.encode(exc.error))
@@ -718,6 +737,32 @@ class Execution:
         endings.of(self.store).ended(self.claim.run_id)
         detail = f": {codec.decode(error).get('message')}" if error else ""
         self.log.info("%s%s", state, detail)
+
+    def _continue(self, handover: chains.Handover) -> None:
+        """End the run and create its successor, in one store transaction."""
+        entries, marks = self._buffer.take()
+        run = self.run_
+        successor = port.NewRun(
+            uuid.uuid4().hex, run.app, handover.workflow, handover.version, handover.input
+        )
+        try:
+            store = chainport.require(self.store)
+            store.continue_run(
+                self.claim, entries, successor, consumed=handover.consumed, marks=marks
+            )
+        except errors.Canceled:
+            self._buffer.restore(entries, marks)
+            self.acknowledge_cancel()
+            self._settle_cancel()
+            return
+        except errors.LeaseLost:
+            raise
+        except Exception as exc:
+            self._release(failed=True, why=f"could not continue as new: {exc}")
+            return
+        self.ended = "continued"
+        endings.of(self.store).ended(self.claim.run_id)
+        self.log.info("continued as new: %s", successor.run_id)
 
     def _release(self, *, failed: bool, why: str) -> None:
         failures = self.run_.failures + (1 if failed else 0)

@@ -34,6 +34,11 @@ class RunInfo:
     deadline: datetime | None = None
     # A suspend asked of a running run, taken at its next journal write.
     suspend_requested: bool = False
+    # Continue-as-new: the successor of a run that continued (it ended
+    # "succeeded" with no result), and the run ids of its chain, first to
+    # current, as ``app.get`` reports them (empty outside any chain).
+    continued_as: str | None = None
+    chain: tuple[str, ...] = ()
 
     @property
     def done(self) -> bool:

@@ -362,13 +362,19 @@ def test_the_workflow_layers_import_no_store_and_no_worker(module: Any) -> None:
     if module is steps:
         assert "perdure.context" not in engine
     else:
-        store_port = {"perdure.store.port", "perdure.store.liveport", "perdure.store.controlport"}
+        store_port = {
+            "perdure.store.port",
+            "perdure.store.liveport",
+            "perdure.store.controlport",
+            "perdure.store.chainport",
+        }
         assert engine <= {f"perdure.{m}" for m in _allowed(module)} | store_port
 
 
 def _allowed(module: Any) -> set[str]:
     return {
         context: {
+            "chains",
             "codec",
             "errors",
             "journal",
@@ -383,6 +389,7 @@ def _allowed(module: Any) -> set[str]:
         replay: {"effects", "errors", "validation"},
         journal: {"codec"},
         execution: {
+            "chains",
             "codec",
             "context",
             "effects",

@@ -43,6 +43,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.retention",
             "perdure.store.liveport",
             "perdure.store.scheduleport",
+            "perdure.store.chainport",
             "perdure.store.controlport",
         }
     },
@@ -61,11 +62,12 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.otel",
             "perdure.signals",
             "perdure.schedules",
+            "perdure.chains",
         }
     },
     {
         "steps": {"perdure.steps"},
-        "client": {"perdure.client", "perdure.reads", "perdure.liveclient"},
+        "client": {"perdure.client", "perdure.reads", "perdure.liveclient", "perdure.lineage"},
     },
     {"context": {"perdure.context", "perdure.select"}},
     {"registry": {"perdure.registry"}},

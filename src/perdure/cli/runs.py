@@ -205,6 +205,8 @@ def show(run_id: str, history: bool, journal: bool, store_url: str | None, as_js
     with common.opened(store_url, create=False) as store:
         client = common.client_for_run(store, run_id)
         info = client.get(run_id)
+        # A run that continued as new is shown by its chain's current run.
+        run_id = info.run_id
         children = client.children(run_id)
         ledger = client.history(run_id) if history or journal else None
         entries = journals.rows(store.journal(run_id), ledger or []) if journal else None
@@ -240,6 +242,8 @@ def show(run_id: str, history: bool, journal: bool, store_url: str | None, as_js
         ("key", info.key or "-"),
         ("parent", info.parent_id or "-"),
     ]
+    if info.chain:
+        rows.append(("chain", " -> ".join(info.chain)))
     if children:
         rows.append(("children", ", ".join(f"{n} {s}" for s, n in sorted(children.items()))))
     if info.state == "succeeded":

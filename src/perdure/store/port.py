@@ -110,6 +110,7 @@ LEDGER_KINDS: frozenset[str] = frozenset(
         "suspend_requested",
         "suspended",
         "resumed",
+        "continued",
     }
 )
 
@@ -187,6 +188,10 @@ class Run:
     deadline: datetime | None = None
     suspend_requested: bool = False
     suspended_from: str | None = None
+    # Continue-as-new (perdure.store.chainport): the successor of a run that
+    # continued, and the first run of its chain (None outside any chain).
+    continued_as: str | None = None
+    origin: str | None = None
 
 
 def same_start(found: Run, new: NewRun, read: Callable[[str], Any] = json.loads) -> bool:

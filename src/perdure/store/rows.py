@@ -32,7 +32,7 @@ WAIT_KINDS: frozenset[str] = frozenset(get_args(port.WaitKind))
 _COLUMNS = {
     "run": "run_id app workflow version state input result error key parent_id generation "
     "failures worker lease_expires_at ready_at cancel_requested ledger_sequence ledger_limit "
-    "created_at updated_at deadline suspend_requested suspended_from",
+    "created_at updated_at deadline suspend_requested suspended_from continued_as origin",
     "journal": "position kind name status output error attempt",
     "ledger": "run_id sequence kind at generation worker step digest note",
     "wait": "run_id app name kind deadline created_at",
@@ -54,6 +54,8 @@ INVARIANTS: dict[str, str] = {
     "run_claim": "a running run has no worker or no lease",
     "journal_position_taken": "a write would replace a journal entry that is not started",
     "outcome_missing": "an outcome record that was refused as a duplicate cannot be read",
+    "chain_current": "a chain of runs that continued as new has no current run",
+    "chain_links": "the runs of a chain do not form one line of successors",
 }
 """Every invariant an adapter names when it refuses what it read or would write."""
 
@@ -270,6 +272,8 @@ class Reader:
                 if _value(row, "suspended_from") is None
                 else c.choice("suspended_from", ("queued", "waiting"))
             ),
+            continued_as=c.opt_text("continued_as"),
+            origin=c.opt_text("origin"),
         )
 
     def entry(self, row: Row) -> port.JournalEntry:

@@ -53,6 +53,15 @@ def seconds(value: float, what: str, *, positive: bool = False) -> float:
     return float(value)
 
 
+def _origin(row: Row) -> str | None:
+    """Return the first run of the chain of an ended run's row (None outside any chain)."""
+    try:
+        origin = row["origin"]
+    except (KeyError, IndexError):  # a RETURNING that does not name it
+        return None
+    return origin if isinstance(origin, str) else None
+
+
 class Transitions(abc.ABC, Generic[C]):
     """The store operations shared by the SQL adapters; ``C`` is the adapter's cursor."""
 
@@ -180,6 +189,12 @@ class Transitions(abc.ABC, Generic[C]):
             raise errors.RunFinished(run_id, run.state)
         return run
 
+    def _current_locked(self, cur: C, run_id: str) -> str:
+        """Lock the run's row and return its id; a store with chains follows them."""
+        if self._exec(cur, "lock_run", run_id=run_id).fetchone() is None:
+            raise errors.RunNotFound(run_id)
+        return run_id
+
     def _end_runs(self, cur: C, ended: Sequence[Row]) -> None:
         """Apply the end-of-run rules to runs that just ended (rows of a RETURNING)."""
         if not ended:
@@ -195,12 +210,15 @@ class Transitions(abc.ABC, Generic[C]):
             return
         # Lock the parents before writing their outcomes, as every delivery does.
         self._exec(cur, "lock_runs", run_ids=sorted({r["parent_id"] for r in children}))
+        # A chain of runs that continued as new is its parent's child under its first run id.
+        ids = [_origin(r) or r["run_id"] for r in children]
         pairs = {
             "parent_ids": [r["parent_id"] for r in children],
-            "names": [f"child:{r['run_id']}" for r in children],
+            "names": [f"child:{i}" for i in ids],
         }
         payloads = [
-            rows.child_payload(r["run_id"], r["state"], r["result"], r["error"]) for r in children
+            rows.child_payload(i, r["state"], r["result"], r["error"])
+            for i, r in zip(ids, children, strict=True)
         ]
         outcomes = self._batch({**pairs, "payloads": payloads})
         self._exec(cur, "child_outcomes_put", **outcomes)
@@ -574,9 +592,8 @@ class Transitions(abc.ABC, Generic[C]):
         """
 
         def work(cur: C) -> bool:
-            if self._exec(cur, "lock_run", run_id=run_id).fetchone() is None:
-                raise errors.RunNotFound(run_id)
-            return self._cancel_trees(cur, [run_id])
+            # A run that continued as new is canceled through its chain's current run.
+            return self._cancel_trees(cur, [self._current_locked(cur, run_id)])
 
         return self._transact(work)
 

@@ -64,6 +64,8 @@ WRITES: frozenset[str] = frozenset(
         "unsuspend",
         "let_go",
         "expire_deadlines",
+        # the chain section
+        "continue_run",
     }
 )
 """The store operations that may change what is stored (``migrate`` aside)."""

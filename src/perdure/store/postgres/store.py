@@ -38,6 +38,7 @@ from perdure import errors
 from perdure.store import (
     appschema,
     census,
+    chaining,
     control,
     ledger,
     live,
@@ -69,6 +70,7 @@ class _BodyRaised(Exception):
 
 class PostgresStore(
     connection.Connections,
+    chaining.ChainTransitions[Cursor],
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],

@@ -30,6 +30,7 @@ from perdure import errors
 from perdure.store import (
     appschema,
     census,
+    chaining,
     control,
     ledger,
     live,
@@ -60,6 +61,7 @@ class _Poll:
 
 class SqliteStore(
     connection.Connections,
+    chaining.ChainTransitions[Cursor],
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],

@@ -49,6 +49,7 @@ Needs pytest (the ``dev`` extra).
 from __future__ import annotations
 
 from perdure.testing.conformance.census import CensusTests
+from perdure.testing.conformance.chains import ChainTests
 from perdure.testing.conformance.channels import ChannelTests
 from perdure.testing.conformance.claims import ClaimTests
 from perdure.testing.conformance.control import ControlTests
@@ -101,6 +102,7 @@ class StoreConformance(
     LiveTests,
     CensusTests,
     OverviewTests,
+    ChainTests,
     ControlTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.

@@ -359,7 +359,7 @@ UPDATE perdure.runs SET
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
   AND (NOT cancel_requested OR %(canceling)s)
-RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
 
 -- name: journal_put
 -- An existing position is replaced only while it is 'started'; any other is
@@ -591,7 +591,7 @@ UPDATE perdure.runs SET
     ledger_sequence = ledger_sequence + 1,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('queued', 'waiting', 'suspended')
-RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
 
 -- name: cancel_request
 -- A running run is settled by its owner; one in needs_attention keeps its
@@ -626,7 +626,7 @@ UPDATE perdure.runs SET
     ledger_sequence = ledger_sequence + %(receipts)s,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'needs_attention'
-RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
 
 -- name: sweep_expired_runs
 -- Runs with a signal or child wait past its deadline and no outcome. Locked
@@ -988,7 +988,7 @@ UPDATE perdure.schedules SET
 WHERE app = %(app)s AND name = %(name)s
 RETURNING *;
 
--- == suspending runs and run deadlines (perdure.store.controlport) ===========
+-- == suspending runs and run deadlines (perdure.store.controlport) ====
 
 -- name: suspend_now
 -- A queued or waiting run is suspended at once; it keeps its ready_at and
@@ -1065,3 +1065,86 @@ LIMIT %(limit)s;
 UPDATE perdure.runs SET error = %(error)s
 WHERE run_id = ANY(%(run_ids)s::text[])
   AND state IN ('queued', 'waiting', 'suspended');
+=======
+-- == chains: continue-as-new (perdure.store.chaining) ==========================
+
+-- name: chain_end
+-- The fenced end of a run that continues as new: it gives up its key and
+-- names its successor. The parent is not returned: the chain goes on, so the
+-- parent's wait on it is not settled.
+UPDATE perdure.runs SET
+    state = 'succeeded',
+    result = NULL,
+    error = NULL,
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    key = NULL,
+    continued_as = %(successor_id)s,
+    origin = coalesce(origin, run_id),
+    ledger_sequence = ledger_sequence + %(receipts)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
+  AND (NOT cancel_requested OR %(canceling)s)
+RETURNING run_id, app, NULL::text AS parent_id, state, result, error, generation,
+          ledger_sequence, origin;
+
+-- name: chain_create
+-- The successor takes the old run's app, parent, parent_close, origin and ledger bound.
+INSERT INTO perdure.runs (
+    run_id, app, workflow, version, state, input, key, parent_id, parent_close, origin,
+    ledger_sequence, ledger_limit, created_at, updated_at
+)
+SELECT %(run_id)s, app, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s, parent_id,
+       parent_close, origin, 1, ledger_limit,
+       coalesce(%(now)s::timestamptz, statement_timestamp()),
+       coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM perdure.runs WHERE run_id = %(old_id)s
+ON CONFLICT DO NOTHING
+RETURNING *;
+
+-- name: chain_messages_move
+-- Unconsumed messages are numbered from 1 in send order; consumed ones keep
+-- their key below 1 (see chainport), and those the old run itself carried
+-- are dropped.
+INSERT INTO perdure.messages (run_id, channel, key, sequence, payload, at)
+SELECT %(run_id)s, m.channel, m.key,
+       CASE WHEN m.done THEN -m.sequence
+            ELSE row_number() OVER (PARTITION BY m.done ORDER BY m.sequence) END,
+       m.payload, m.at
+FROM (
+    SELECT x.channel, x.key, x.sequence, x.payload, x.at,
+           x.sequence <= coalesce(c.upto, 0) AS done
+    FROM perdure.messages AS x
+    LEFT JOIN unnest(%(channels)s::text[], %(sequences)s::bigint[]) AS c(channel, upto)
+      ON c.channel = x.channel
+    WHERE x.run_id = %(old_id)s AND x.sequence > 0
+) AS m;
+
+-- name: chain_messages_counted
+UPDATE perdure.runs SET message_sequence = (
+    SELECT count(*) FROM perdure.messages WHERE run_id = %(run_id)s AND sequence > 0
+)
+WHERE run_id = %(run_id)s;
+
+-- name: chain_pending_signals
+-- Signals sent to waits the run never applied (the rule of end_cleanup).
+SELECT o.name FROM perdure.outcomes AS o
+WHERE o.run_id = %(run_id)s AND o.outcome = 'signaled' AND o.name NOT LIKE 'child:%%'
+  AND NOT EXISTS (
+      SELECT 1 FROM perdure.journal AS j
+      WHERE j.run_id = o.run_id AND j.kind = 'wait' AND j.name = o.name
+        AND j.status <> 'started'
+  )
+ORDER BY o.name;
+
+-- name: chain_signals_move
+UPDATE perdure.outcomes AS o SET run_id = %(run_id)s, name = b.name
+FROM unnest(%(olds)s::text[], %(names)s::text[]) AS b(old, name)
+WHERE o.run_id = %(old_id)s AND o.name = b.old;
+
+-- name: chain_runs
+SELECT * FROM perdure.runs WHERE origin = %(origin)s;
+
+-- name: chain_current
+SELECT * FROM perdure.runs WHERE origin = %(origin)s AND continued_as IS NULL;

@@ -45,6 +45,10 @@ CREATE TABLE perdure.runs (
     suspend_requested boolean NOT NULL DEFAULT false,
     -- The state a suspended run returns to on resume ('queued' or 'waiting').
     suspended_from text,
+    -- The successor of a run that continued as new.
+    continued_as text,
+    -- The first run of the run's chain (NULL for a run outside any chain).
+    origin text,
     -- Idempotent creation: one run per (app, key); runs without a key never collide.
     CONSTRAINT runs_app_key UNIQUE (app, key)
 );
@@ -60,6 +64,9 @@ CREATE INDEX runs_waiting_due ON perdure.runs (ready_at) WHERE state = 'waiting'
 
 -- Child counts and the recursive cancel walk.
 CREATE INDEX runs_parent ON perdure.runs (parent_id, state) WHERE parent_id IS NOT NULL;
+
+-- The current run of a chain, found from any of its run ids.
+CREATE INDEX runs_origin ON perdure.runs (origin, created_at) WHERE origin IS NOT NULL;
 
 
 CREATE TABLE perdure.journal (

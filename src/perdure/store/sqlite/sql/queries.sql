@@ -252,7 +252,7 @@ UPDATE runs SET
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
-RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
 
 -- name: journal_put
 -- One row per call: SQLite has no arrays, and decoding a JSON batch costs
@@ -471,7 +471,7 @@ UPDATE runs SET
     ledger_sequence = ledger_sequence + 1,
     updated_at = :now
 WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('queued', 'waiting', 'suspended')
-RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
 
 -- name: cancel_request
 -- A running run is settled by its owner; one in needs_attention keeps its
@@ -506,7 +506,7 @@ UPDATE runs SET
     ledger_sequence = ledger_sequence + :receipts,
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'needs_attention'
-RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
 
 -- name: sweep_expired_runs
 -- Runs with a signal or child wait past its deadline and no outcome. A
@@ -800,7 +800,7 @@ UPDATE schedules SET
 WHERE app = :app AND name = :name
 RETURNING *;
 
--- == suspending runs and run deadlines (perdure.store.controlport) ===========
+-- == suspending runs and run deadlines (perdure.store.controlport) ====
 
 -- name: suspend_now
 -- A queued or waiting run is suspended at once; it keeps its ready_at and
@@ -876,3 +876,86 @@ LIMIT :limit;
 UPDATE runs SET error = :error
 WHERE run_id IN (SELECT value FROM json_each(:run_ids))
   AND state IN ('queued', 'waiting', 'suspended');
+=======
+-- == chains: continue-as-new (perdure.store.chaining) ==========================
+
+-- name: chain_end
+-- The fenced end of a run that continues as new: it gives up its key and
+-- names its successor. The parent is not returned: the chain goes on, so the
+-- parent's wait on it is not settled.
+UPDATE runs SET
+    state = 'succeeded',
+    result = NULL,
+    error = NULL,
+    worker = NULL,
+    lease_expires_at = NULL,
+    ready_at = NULL,
+    key = NULL,
+    continued_as = :successor_id,
+    origin = coalesce(origin, run_id),
+    ledger_sequence = ledger_sequence + :receipts,
+    updated_at = :now
+WHERE run_id = :run_id AND generation = :generation AND state = 'running'
+  AND (cancel_requested = 0 OR :canceling)
+RETURNING run_id, app, NULL AS parent_id, state, result, error, generation, ledger_sequence, origin;
+
+-- name: chain_create
+-- The successor takes the old run's app, parent, parent_close, origin and ledger bound.
+INSERT INTO runs (
+    run_id, app, workflow, version, state, input, key, parent_id, parent_close, origin,
+    ledger_sequence, ledger_limit, created_at, updated_at
+)
+SELECT :run_id, app, :workflow, :version, 'queued', :input, :key, parent_id, parent_close,
+       origin, 1, ledger_limit, :now, :now
+FROM runs WHERE run_id = :old_id
+ON CONFLICT DO NOTHING
+RETURNING *;
+
+-- name: chain_messages_move
+-- :batch rows are [channel, last consumed sequence]. Unconsumed messages are
+-- numbered from 1 in send order; consumed ones keep their key below 1 (see
+-- chainport), and those the old run itself carried are dropped.
+WITH consumed AS (
+    SELECT json_extract(b.value, '$[0]') AS channel, json_extract(b.value, '$[1]') AS upto
+    FROM json_each(:batch) AS b
+), moved AS (
+    SELECT m.channel, m.key, m.sequence, m.payload, m.at,
+           m.sequence <= coalesce(c.upto, 0) AS done
+    FROM messages AS m LEFT JOIN consumed AS c ON c.channel = m.channel
+    WHERE m.run_id = :old_id AND m.sequence > 0
+)
+INSERT INTO messages (run_id, channel, key, sequence, payload, at)
+SELECT :run_id, channel, key,
+       CASE WHEN done THEN -sequence
+            ELSE row_number() OVER (PARTITION BY done ORDER BY sequence) END,
+       payload, at
+FROM moved WHERE true;
+
+-- name: chain_messages_counted
+UPDATE runs SET message_sequence = (
+    SELECT count(*) FROM messages WHERE run_id = :run_id AND sequence > 0
+)
+WHERE run_id = :run_id;
+
+-- name: chain_pending_signals
+-- Signals sent to waits the run never applied (the rule of end_cleanup).
+SELECT o.name FROM outcomes AS o
+WHERE o.run_id = :run_id AND o.outcome = 'signaled' AND o.name NOT LIKE 'child:%'
+  AND NOT EXISTS (
+      SELECT 1 FROM journal AS j
+      WHERE j.run_id = o.run_id AND j.kind = 'wait' AND j.name = o.name
+        AND j.status <> 'started'
+  )
+ORDER BY o.name;
+
+-- name: chain_signals_move
+-- :batch rows are [old name, new name].
+UPDATE outcomes SET run_id = :run_id, name = json_extract(b.value, '$[1]')
+FROM json_each(:batch) AS b
+WHERE outcomes.run_id = :old_id AND outcomes.name = json_extract(b.value, '$[0]');
+
+-- name: chain_runs
+SELECT * FROM runs WHERE origin = :origin;
+
+-- name: chain_current
+SELECT * FROM runs WHERE origin = :origin AND continued_as IS NULL;

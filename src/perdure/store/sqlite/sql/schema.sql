@@ -11,6 +11,8 @@ CREATE TABLE perdure_schema (
 
 -- ledger_limit: how many provenance receipts the run keeps, fixed when it is created.
 -- parent_close: 'cancel' if the run is canceled when its parent ends; NULL: it runs on.
+-- continued_as: the successor of a run that continued as new; origin: the first
+-- run of its chain (NULL for a run outside any chain).
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     app TEXT NOT NULL,
@@ -37,7 +39,9 @@ CREATE TABLE runs (
     parent_close TEXT,
     deadline INTEGER,
     suspend_requested INTEGER NOT NULL DEFAULT 0,
-    suspended_from TEXT
+    suspended_from TEXT,
+    continued_as TEXT,
+    origin TEXT
 );
 
 -- Idempotent creation: one run per (app, key).
@@ -54,6 +58,9 @@ CREATE INDEX runs_running ON runs (lease_expires_at) WHERE state = 'running';
 
 -- Child counts and recursive cancel.
 CREATE INDEX runs_parent ON runs (parent_id, state) WHERE parent_id IS NOT NULL;
+
+-- The current run of a chain, found from any of its run ids.
+CREATE INDEX runs_origin ON runs (origin, created_at) WHERE origin IS NOT NULL;
 
 
 CREATE TABLE journal (
