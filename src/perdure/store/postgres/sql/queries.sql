@@ -988,7 +988,7 @@ UPDATE perdure.schedules SET
 WHERE app = %(app)s AND name = %(name)s
 RETURNING *;
 
--- == suspending runs and run deadlines (perdure.store.controlport) ====
+-- == suspending runs and run deadlines (perdure.store.controlport) ===========
 
 -- name: suspend_now
 -- A queued or waiting run is suspended at once; it keeps its ready_at and
@@ -1065,7 +1065,6 @@ LIMIT %(limit)s;
 UPDATE perdure.runs SET error = %(error)s
 WHERE run_id = ANY(%(run_ids)s::text[])
   AND state IN ('queued', 'waiting', 'suspended');
-=======
 -- == chains: continue-as-new (perdure.store.chaining) ==========================
 
 -- name: chain_end

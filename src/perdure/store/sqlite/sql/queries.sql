@@ -800,7 +800,7 @@ UPDATE schedules SET
 WHERE app = :app AND name = :name
 RETURNING *;
 
--- == suspending runs and run deadlines (perdure.store.controlport) ====
+-- == suspending runs and run deadlines (perdure.store.controlport) ===========
 
 -- name: suspend_now
 -- A queued or waiting run is suspended at once; it keeps its ready_at and
@@ -876,7 +876,6 @@ LIMIT :limit;
 UPDATE runs SET error = :error
 WHERE run_id IN (SELECT value FROM json_each(:run_ids))
   AND state IN ('queued', 'waiting', 'suspended');
-=======
 -- == chains: continue-as-new (perdure.store.chaining) ==========================
 
 -- name: chain_end
