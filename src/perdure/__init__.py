@@ -15,6 +15,7 @@ from perdure.errors import (
     ImportFailed,
     InvalidInput,
     InvalidPayload,
+    InvalidQueue,
     InvalidStoreURL,
     KeyConflict,
     LeaseLost,
@@ -39,6 +40,7 @@ from perdure.errors import (
     StoreError,
     StoreUnavailable,
     UnknownQuery,
+    UnknownQueue,
     UpdateAbandoned,
     UpdateRejected,
     UpdateTimedOut,
@@ -49,6 +51,7 @@ from perdure.errors import (
     WorkflowNotFound,
 )
 from perdure.live import RunView
+from perdure.queues import Queue, QueueInfo, Rate
 from perdure.ready import Ready
 from perdure.records import (
     Message,
@@ -80,6 +83,7 @@ __all__ = [
     "ImportFailed",
     "InvalidInput",
     "InvalidPayload",
+    "InvalidQueue",
     "InvalidStoreURL",
     "KeyConflict",
     "LeaseLost",
@@ -92,6 +96,9 @@ __all__ = [
     "PerdureError",
     "Provenance",
     "QueryFailed",
+    "Queue",
+    "QueueInfo",
+    "Rate",
     "Ready",
     "Receipt",
     "ResultTimeout",
@@ -114,6 +121,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "UnknownQuery",
+    "UnknownQueue",
     "Update",
     "UpdateAbandoned",
     "UpdateRejected",

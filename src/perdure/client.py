@@ -28,7 +28,7 @@ from perdure import (
     telemetry,
     validation,
 )
-from perdure.store import port
+from perdure.store import port, queueport
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -184,18 +184,28 @@ class Client(liveclient.LiveCalls):
         *,
         key: str | None = None,
         hint: Any = None,
+        queue: str | None = None,
+        queue_key: str | None = None,
+        priority: int | None = None,
     ) -> RunHandle[Any]:
         """Create a run (or return the run already created under ``key``).
 
         A key names one start: the same workflow with the same inputs. Its
         version may differ, so a start repeated across a deploy stays idempotent.
+        ``queue`` places the run in one of the app's declared queues, claimed
+        under its limits; ``queue_key`` is what its per-key limit counts, and
+        ``priority`` orders the queue's runs (lower first; default 0).
 
         Raises:
             errors.KeyConflict: ``key`` names a run of another workflow or with
                 other inputs.
+            errors.InvalidQueue: a queue key or priority without a queue, or a
+                priority that is not a 32-bit integer.
+            errors.UnknownQueue: the store holds no such queue for the app.
         """
         if key is not None:
             codec.check_text("a run key", key)
+        placement = self._placement(queue, queue_key, priority)
         text = codec.check_size(
             codec.encode({"args": list(args), "kwargs": kwargs or {}}, envelope=2),
             self.payload_limit,
@@ -209,11 +219,49 @@ class Client(liveclient.LiveCalls):
             version=version,
             input=text,
             key=key,
+            **placement,
         )
         run, created = self.store.create_run(new)
         if not created and not port.same_start(run, new):
             raise errors.KeyConflict(str(key), run, workflow)
         return RunHandle[Any](self, run.run_id, hint, created=created)
+
+    def _placement(
+        self, queue: str | None, queue_key: str | None, priority: int | None
+    ) -> dict[str, Any]:
+        """Return a start's queue, key and priority as a run stores them, checked."""
+        if queue is None:
+            if queue_key is not None or priority is not None:
+                given = "queue_key" if queue_key is not None else "priority"
+                raise errors.InvalidQueue(
+                    f"{given} applies within a queue: pass queue= too (runs in no queue "
+                    "are claimed first come, first served)"
+                )
+            return {}
+        codec.check_text("a queue name", queue)
+        if queue_key is not None:
+            if not isinstance(queue_key, str):
+                raise errors.InvalidQueue(
+                    f"a queue key is a string, got {type(queue_key).__name__}"
+                )
+            codec.check_text("a queue key", queue_key)
+        if priority is None:
+            priority = 0
+        low, high = queueport.PRIORITY_MIN, queueport.PRIORITY_MAX
+        if type(priority) is not int or not low <= priority <= high:
+            raise errors.InvalidQueue(
+                f"a priority is a 32-bit integer (lower runs first), got {priority!r}"
+            )
+        found = (
+            self.store.get_queue(self.app, queue)
+            if isinstance(self.store, queueport.QueueStore)
+            else None
+        )
+        if found is None:
+            raise errors.UnknownQueue(
+                f"app {self.app} has no queue {queue!r}; declare it with app.queue({queue!r}, ...)"
+            )
+        return {"queue": queue, "queue_key": queue_key, "priority": priority}
 
     def handle(self, run_id: str, hint: Any = None) -> RunHandle[Any]:
         return RunHandle[Any](self, run_id, hint)

@@ -8,6 +8,8 @@ The tree::
     │   ├── InvalidPayload                   invalid_payload
     │   │   └── PayloadTooLarge              payload_too_large
     │   ├── InvalidStoreURL                  invalid_store_url
+    │   ├── InvalidQueue                     invalid_queue     (bad limits, priority or queue key)
+    │   ├── UnknownQueue                     unknown_queue     (a start names no declared queue)
     │   ├── ImportFailed                     import_failed     (MODULE:APP does not import)
     │   └── AppNotFound                      app_not_found     (MODULE:APP names no App)
     ├── StoreError                           store_error
@@ -78,6 +80,7 @@ __all__ = [
     "Interrupt",
     "InvalidInput",
     "InvalidPayload",
+    "InvalidQueue",
     "InvalidStoreURL",
     "KeyConflict",
     "LeaseLost",
@@ -105,6 +108,7 @@ __all__ = [
     "TokenNotFound",
     "Unauthorized",
     "UnknownQuery",
+    "UnknownQueue",
     "UpdateAbandoned",
     "UpdateRejected",
     "UpdateTimedOut",
@@ -137,6 +141,18 @@ class InvalidInput(PerdureError, ValueError):
     """The input is malformed."""
 
     code = "invalid_input"
+
+
+class InvalidQueue(InvalidInput):
+    """A queue's limits, or a start's queue, key or priority, are not ones perdure takes."""
+
+    code = "invalid_queue"
+
+
+class UnknownQueue(InvalidInput):
+    """The start names a queue the app has not declared."""
+
+    code = "unknown_queue"
 
 
 class LeaseTimingInvalid(InvalidInput):

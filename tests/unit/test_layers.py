@@ -43,6 +43,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.retention",
             "perdure.store.liveport",
             "perdure.store.scheduleport",
+            "perdure.store.queueport",
         }
     },
     {
@@ -72,7 +73,7 @@ LAYERS: list[dict[str, set[str]]] = [
         "check": {"perdure.check"},
     },
     {"worker": {"perdure.worker"}},
-    {"app": {"perdure.app", "perdure.timetable"}},
+    {"app": {"perdure.app", "perdure.timetable", "perdure.queues"}},
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},
     # The console command serves the web package: web sits below the command line.
     {"web": {"perdure.web"}},

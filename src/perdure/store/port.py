@@ -133,6 +133,10 @@ class NewRun:
     parent_id: str | None = None
     # A child's policy when its parent ends: "cancel", or None (it runs on).
     parent_close: str | None = None
+    # The run's queue (None: none), its key and priority there (queueport).
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,10 @@ class Run:
     # The number of receipts the run keeps, fixed when it is created, so that
     # a process with another bound neither trims nor reads it by its own.
     ledger_limit: int = 256
+    # Its queue, key and priority there (see queueport); None: in no queue.
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
 
 
 def same_start(found: Run, new: NewRun) -> bool:

@@ -35,6 +35,7 @@ from perdure.store import (
     liveport,
     overview,
     port,
+    queueing,
     rows,
     scheduling,
     sqlfiles,
@@ -62,6 +63,7 @@ class SqliteStore(
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],
+    queueing.QueueTransitions[Cursor],
     live.LiveTransitions[Cursor],
     census.Census[Cursor],
     overview.Overview[Cursor],
@@ -213,6 +215,9 @@ class SqliteStore(
                 self._quarantine(cur, candidate["run_id"], exc)
             cur.conn.execute("RELEASE claim_once")
         return claimed
+
+    def _wanted(self, workflows: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        return {"workflows": json.dumps([[name, version] for name, version in workflows])}
 
     def _claim_once(self, cur: Cursor, candidate: Row, worker: str, ttl: float) -> port.Claimed:
         recovered = self.read.run(candidate).state == "running"

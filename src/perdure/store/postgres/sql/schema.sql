@@ -39,12 +39,25 @@ CREATE TABLE perdure.runs (
     ledger_limit integer NOT NULL DEFAULT 256,
     -- 'cancel' if the run is canceled when its parent ends; NULL: it runs on.
     parent_close text,
+    -- The run's queue (NULL: none), its key and priority inside it, and when
+    -- a claim of the queue first started it (rate limits count these).
+    queue text,
+    queue_key text,
+    priority integer NOT NULL DEFAULT 0,
+    started_at timestamptz,
     -- Idempotent creation: one run per (app, key); runs without a key never collide.
     CONSTRAINT runs_app_key UNIQUE (app, key)
 );
 
 -- Claims of queued and waiting runs: one ordered range per (state, ready_at) case.
-CREATE INDEX runs_claim ON perdure.runs (app, state, ready_at, created_at);
+-- Runs in a queue are claimed through runs_queue, under their queue's limits.
+CREATE INDEX runs_claim ON perdure.runs (app, state, ready_at, created_at) WHERE queue IS NULL;
+CREATE INDEX runs_queue ON perdure.runs (app, queue, state, ready_at, priority, created_at)
+    WHERE queue IS NOT NULL;
+
+-- Rate limits: a queue's starts within its window.
+CREATE INDEX runs_queue_starts ON perdure.runs (app, queue, started_at)
+    WHERE started_at IS NOT NULL;
 
 -- Claims that recover a run whose worker is gone.
 CREATE INDEX runs_lease ON perdure.runs (app, lease_expires_at) WHERE state = 'running';
@@ -192,6 +205,20 @@ CREATE TABLE perdure.schedules (
     settled_until timestamptz NOT NULL,
     last_tick timestamptz,
     last_run_id text,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (app, name)
+);
+
+-- One row per queue of an app: its limits (NULL: none). A claim of the
+-- queue's runs locks it, so claims on every host see each other's.
+CREATE TABLE perdure.queues (
+    app text NOT NULL,
+    name text NOT NULL,
+    concurrency integer,
+    per_key integer,
+    rate_limit integer,
+    rate_per interval,
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
     PRIMARY KEY (app, name)
