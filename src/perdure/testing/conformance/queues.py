@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections import Counter
 
@@ -269,7 +270,7 @@ class QueueTests(Suite):
             return _claim(others[index], wf, limit=2, worker=f"worker-{index}")
 
         try:
-            found = run_threads([lambda i=i: claimer(i) for i in range(len(others))])
+            found = run_threads([functools.partial(claimer, i) for i in range(len(others))])
         finally:
             for other in others:
                 other.close()
