@@ -101,6 +101,9 @@ def run_info(run: port.Run) -> records.RunInfo:
         key=run.key,
         parent_id=run.parent_id,
         cancel_requested=run.cancel_requested,
+        queue=run.queue,
+        queue_key=run.queue_key,
+        priority=run.priority,
     )
 
 

@@ -30,6 +30,10 @@ class RunInfo:
     key: str | None = None
     parent_id: str | None = None
     cancel_requested: bool = False
+    # The run's queue (None: none), its key there and its priority (lower first).
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
 
     @property
     def done(self) -> bool:

@@ -37,6 +37,24 @@ from perdure.store import port
     help="Idempotency key: the same key with the same workflow and arguments returns the "
     "same run; with another workflow or other arguments the start is refused (exit 1).",
 )
+@click.option(
+    "--queue",
+    default=None,
+    metavar="NAME",
+    help="Start the run in this queue of the app (declared with app.queue).",
+)
+@click.option(
+    "--queue-key",
+    default=None,
+    metavar="KEY",
+    help="With --queue: what the queue's per-key limit counts (a customer, a tenant).",
+)
+@click.option(
+    "--priority",
+    type=int,
+    default=None,
+    help="With --queue: lower numbers are claimed first (default 0).",
+)
 @click.option("--wait", is_flag=True, help="Wait for the run to end (a worker must be running).")
 @click.option(
     "--timeout",
@@ -52,6 +70,9 @@ def start(
     args_: list[Any] | None,
     kwargs_: dict[str, Any] | None,
     key: str | None,
+    queue: str | None,
+    queue_key: str | None,
+    priority: int | None,
     wait: bool,
     timeout: float | None,
     store_url: str | None,
@@ -69,7 +90,12 @@ def start(
     if store_url:
         app.use_store(store_url)
     try:
-        handle = app.start(workflow, *(args_ or []), key=key, **(kwargs_ or {}))
+        placed = {
+            name: value
+            for name, value in (("queue", queue), ("queue_key", queue_key), ("priority", priority))
+            if value is not None
+        }
+        handle = app.start(workflow, *(args_ or []), key=key, **(kwargs_ or {}), **placed)
         info = app.get(handle.run_id)
         if not wait:
             if as_json:
