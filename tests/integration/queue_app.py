@@ -35,4 +35,7 @@ def job(ctx: perdure.Context, name: str, key: str, seconds: float) -> None:
 
 
 if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app.worker(concurrency=4, poll_interval=0.05, liveness="thread").run()

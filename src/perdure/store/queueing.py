@@ -38,8 +38,6 @@ class QueueTransitions(transitions.Transitions[C]):
 
     # App -> monotonic instant until which it is known to have no queue.
     _queueless: dict[str, float]
-    # Which queue a claim asks first, and whether queued runs go before the others.
-    _queue_turn: int = 0
 
     @abc.abstractmethod
     def _wanted(self, workflows: Sequence[tuple[str, str]]) -> dict[str, Any]:
@@ -109,13 +107,11 @@ class QueueTransitions(transitions.Transitions[C]):
         if not queues:
             known[app] = time.monotonic() + _NO_QUEUES_FOR
             return []
-        # Each claim starts at another queue, so that one busy queue does not
-        # always take the free slots first.
-        self._queue_turn += 1
-        turn = self._queue_turn % len(queues)
         wanted = self._wanted(workflows)
         picked: list[port.Run] = []
-        for queue in queues[turn:] + queues[:turn]:
+        # In name order, as every claim locks them: two claims never wait on
+        # each other's queue rows in a cycle.
+        for queue in queues:
             left = limit - len(picked)
             if left <= 0:
                 break
