@@ -226,7 +226,7 @@ def routes(console: Console) -> list[Route]:
         q = request.query_params
         filters = {
             k: (q.get(k) or "").strip()
-            for k in ("state", "workflow", "created_after", "created_before")
+            for k in ("state", "workflow", "queue", "created_after", "created_before")
         }
         kept = {k: v for k, v in filters.items() if v}
         refusal: errors.PerdureError | None = None
@@ -248,6 +248,7 @@ def routes(console: Console) -> list[Route]:
                     50,
                     kept.get("created_after"),
                     kept.get("created_before"),
+                    kept.get("queue"),
                 )
             except errors.InvalidInput as exc:
                 # A bad filter is shown above the form, which keeps what was typed.
@@ -268,6 +269,7 @@ def routes(console: Console) -> list[Route]:
             filtered=bool(kept),
             state=filters["state"],
             workflow=filters["workflow"],
+            queue=filters["queue"],
             search=search,
             missing=bool(search),
             refusal=refusal,

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from perdure import errors
-from perdure.store import port, queueport
+from perdure.store import pages, port, queueport
 from perdure.testing import clock as clocks
 from perdure.testing.conformance.harness import (
     APP,
@@ -277,3 +277,18 @@ class QueueTests(Suite):
         claimed = [c for got in found for c in got]
         assert len(claimed) == 3
         assert max(Counter(c.run.queue_key for c in claimed).values()) == 1
+
+    def test_pages_of_one_queue(self, store: port.Store, clock: clocks.FakeClock) -> None:
+        assert isinstance(store, pages.PagedStore), "the store pages no runs"
+        _queues(store).save_queues(APP, [queueport.QueueSpec("q"), queueport.QueueSpec("r")])
+        wf = _wf()
+        in_q = [_enqueue(store, clock, wf, "q") for _ in range(3)]
+        _enqueue(store, clock, wf, "r")
+        start(store, workflow=wf)
+        newest = [r.run_id for r in reversed(in_q)]
+        assert [r.run_id for r in store.page_runs(APP, queue="q")] == newest
+        first = store.page_runs(APP, queue="q", limit=2)
+        after = pages.After(first[-1].created_at, first[-1].run_id)
+        assert [r.run_id for r in store.page_runs(APP, queue="q", after=after)] == newest[2:]
+        assert store.page_runs(APP, queue="q", state="running") == []
+        assert store.page_runs(APP, queue="none") == []

@@ -748,6 +748,17 @@ WHERE app = %(app)s AND workflow = %(workflow)s
 ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;
 
+-- name: page_runs_by_queue
+-- Served by runs_page_queue (app, queue, created_at, run_id).
+SELECT * FROM perdure.runs
+WHERE app = %(app)s AND queue = %(queue)s
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+  AND created_at > %(since)s::timestamptz
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
 -- name: page_children
 -- Keyset, oldest first; with no page before, after_at is before every run.
 -- Served by runs_children (parent_id, created_at, run_id).

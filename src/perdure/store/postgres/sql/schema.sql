@@ -59,6 +59,10 @@ CREATE INDEX runs_queue ON perdure.runs (app, queue, state, ready_at, priority, 
 CREATE INDEX runs_queue_starts ON perdure.runs (app, queue, started_at)
     WHERE started_at IS NOT NULL;
 
+-- The console's runs of one queue, newest first.
+CREATE INDEX runs_page_queue ON perdure.runs (app, queue, created_at, run_id)
+    WHERE queue IS NOT NULL;
+
 -- Claims that recover a run whose worker is gone.
 CREATE INDEX runs_lease ON perdure.runs (app, lease_expires_at) WHERE state = 'running';
 

@@ -599,6 +599,17 @@ WHERE app = :app AND workflow = :workflow
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
 
+-- name: page_runs_by_queue
+-- Served by runs_page_queue (app, queue, created_at, run_id).
+SELECT * FROM runs
+WHERE app = :app AND queue = :queue
+  AND (:state IS NULL OR state = :state)
+  AND (:workflow IS NULL OR workflow = :workflow)
+  AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at > :since
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
 -- name: page_children
 -- Keyset, oldest first; with no page before, after_at is before every run.
 -- Served by runs_children (parent_id, created_at, run_id).

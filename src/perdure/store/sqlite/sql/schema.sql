@@ -53,6 +53,10 @@ CREATE INDEX runs_queue ON runs (app, queue, state, ready_at, priority, created_
 -- Rate limits: a queue's starts within its window.
 CREATE INDEX runs_queue_starts ON runs (app, queue, started_at) WHERE started_at IS NOT NULL;
 
+-- The console's runs of one queue, newest first.
+CREATE INDEX runs_page_queue ON runs (app, queue, created_at, run_id)
+    WHERE queue IS NOT NULL;
+
 -- Sweeps: waiting runs whose ready_at passed, across apps.
 CREATE INDEX runs_waiting_ready ON runs (ready_at) WHERE state = 'waiting';
 

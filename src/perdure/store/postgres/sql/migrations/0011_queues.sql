@@ -17,6 +17,10 @@ CREATE INDEX runs_queue ON perdure.runs (app, queue, state, ready_at, priority, 
 CREATE INDEX runs_queue_starts ON perdure.runs (app, queue, started_at)
     WHERE started_at IS NOT NULL;
 
+-- The console's runs of one queue, newest first.
+CREATE INDEX runs_page_queue ON perdure.runs (app, queue, created_at, run_id)
+    WHERE queue IS NOT NULL;
+
 CREATE TABLE perdure.queues (
     app text NOT NULL,
     name text NOT NULL,

@@ -15,6 +15,10 @@ CREATE INDEX runs_queue ON runs (app, queue, state, ready_at, priority, created_
     WHERE queue IS NOT NULL;
 CREATE INDEX runs_queue_starts ON runs (app, queue, started_at) WHERE started_at IS NOT NULL;
 
+-- The console's runs of one queue, newest first.
+CREATE INDEX runs_page_queue ON runs (app, queue, created_at, run_id)
+    WHERE queue IS NOT NULL;
+
 -- rate_per: the rate's window in microseconds.
 CREATE TABLE queues (
     app TEXT NOT NULL,
