@@ -250,7 +250,9 @@ class Reader:
             updated_at=c.instant("updated_at"),
             queue=c.opt_text("queue"),
             queue_key=c.opt_text("queue_key"),
-            priority=c.count("priority", queueport.PRIORITY_MIN),
+            priority=0
+            if _value(row, "priority") is None
+            else c.count("priority", queueport.PRIORITY_MIN),
         )
 
     def entry(self, row: Row) -> port.JournalEntry:
