@@ -7,6 +7,7 @@ checked from those records.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -275,3 +276,18 @@ def test_cli_start_in_a_queue_and_list_queues(
     ]
     table = runner.invoke(cli.cli, ["queues", "--store", store_url])
     assert "emails" in table.output and "WAITING" in table.output
+
+
+def test_astart_places_the_run_too(make_app: Callable[..., perdure.App]) -> None:
+    app = make_app()
+    app.queue("q", concurrency=1)
+
+    @app.workflow()
+    def echo(ctx: perdure.Context, x: int) -> int:
+        return x
+
+    handle = asyncio.run(app.astart(echo, 1, queue="q", queue_key="k", priority=-3))
+    info = app.get(handle.run_id)
+    assert (info.queue, info.queue_key, info.priority) == ("q", "k", -3)
+    with pytest.raises(errors.UnknownQueue):
+        asyncio.run(app.astart(echo, 1, queue="nope"))
