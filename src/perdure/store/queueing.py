@@ -145,6 +145,11 @@ class QueueTransitions(transitions.Transitions[C]):
         if not queue.spec.limited:
             free = self._exec(cur, "queue_candidates", **ids, **wanted, busy=[], limit=want)
             return [self.read.run(r) for r in free.fetchall()]
+        # A queue with nothing to claim is not locked: claims of busy workers
+        # would otherwise queue up on its row for nothing.
+        ready = self._exec(cur, "queue_ready", **ids).fetchone()
+        if ready is None or not ready["ready"]:
+            return []
         # Claims of this queue wait for each other here; what they claimed is
         # committed, and so counted below, when the lock is granted.
         locked = self._exec(cur, "queue_lock", app=app, name=queue.name).fetchone()

@@ -1018,6 +1018,20 @@ RETURNING *, extract(epoch FROM rate_per)::float8 AS rate_seconds;
 SELECT *, extract(epoch FROM rate_per)::float8 AS rate_seconds FROM perdure.queues
 WHERE app = %(app)s AND name = %(name)s;
 
+-- name: queue_ready
+-- Whether the queue has a claimable run at all (any workflow): a claim locks
+-- the queue's row only then.
+SELECT EXISTS (
+    SELECT 1 FROM perdure.runs WHERE app = %(app)s AND queue = %(queue)s AND state = 'queued'
+      AND ready_at IS NULL
+) OR EXISTS (
+    SELECT 1 FROM perdure.runs WHERE app = %(app)s AND queue = %(queue)s AND state = 'queued'
+      AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+) OR EXISTS (
+    SELECT 1 FROM perdure.runs WHERE app = %(app)s AND queue = %(queue)s AND state = 'waiting'
+      AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+) AS ready;
+
 -- name: queue_lock
 -- Claims of the queue's runs queue up here, so each counts the others' slots.
 SELECT *, extract(epoch FROM rate_per)::float8 AS rate_seconds FROM perdure.queues

@@ -830,6 +830,20 @@ RETURNING *, rate_per / 1000000.0 AS rate_seconds;
 SELECT *, rate_per / 1000000.0 AS rate_seconds FROM queues
 WHERE app = :app AND name = :name;
 
+-- name: queue_ready
+-- Whether the queue has a claimable run at all (any workflow): a claim locks
+-- the queue's row only then.
+SELECT EXISTS (
+    SELECT 1 FROM runs WHERE app = :app AND queue = :queue AND state = 'queued'
+      AND ready_at IS NULL
+) OR EXISTS (
+    SELECT 1 FROM runs WHERE app = :app AND queue = :queue AND state = 'queued'
+      AND ready_at <= :now
+) OR EXISTS (
+    SELECT 1 FROM runs WHERE app = :app AND queue = :queue AND state = 'waiting'
+      AND ready_at <= :now
+) AS ready;
+
 -- name: queue_lock
 -- The write transaction holds the database lock: a read is a locked read.
 SELECT *, rate_per / 1000000.0 AS rate_seconds FROM queues
