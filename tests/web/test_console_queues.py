@@ -35,3 +35,14 @@ def test_run_page_shows_the_queue_and_the_runs_page_filters_by_it(world: World) 
     listing = http.get("/runs?queue=vip", headers=head)
     assert listing.status_code == 200 and queued.run_id in listing.text
     assert world.waiting not in listing.text
+
+
+def test_queues_page_lists_limits_and_links_to_runs(world: World) -> None:
+    world.app.queue("vip", concurrency=4, per_key=2)
+    world.app.start("approval", "o-vip", queue="vip")
+    http, head = world.client(), _bearer(world.token("read"))
+    page = http.get("/queues", headers=head)
+    assert page.status_code == 200
+    assert "/runs?queue=vip" in page.text and ">4<" in page.text and ">2<" in page.text
+    refused = http.get("/queues", follow_redirects=False)  # a login is needed
+    assert refused.status_code == 303 and refused.headers["location"].startswith("/login")

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from perdure import errors, records
+from perdure import errors, queues, records
 from perdure.store import port
 from perdure.web import api, auth
 
@@ -298,6 +298,17 @@ def routes(console: Console) -> list[Route]:
             **view,
         )
 
+    async def queues_page(request: Request) -> Response:
+        try:
+            caller = console.caller(request, cookie=True)
+            auth.require(caller.scope, "read")
+            found = await run_in_threadpool(
+                queues.listing, console.client.store, console.client.app
+            )
+        except errors.PerdureError as exc:
+            return _refused(request, console, exc)
+        return _render(request, console, "queues.html", caller=caller, queues=found)
+
     async def action(request: Request) -> Response:
         run_id, name = request.path_params["run_id"], request.path_params["action"]
         form = await request.form()
@@ -337,6 +348,7 @@ def routes(console: Console) -> list[Route]:
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/runs", runs, methods=["GET"]),
+        Route("/queues", queues_page, methods=["GET"]),
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/actions/{action}", action, methods=["POST"]),
     ]
