@@ -15,6 +15,7 @@ from perdure.errors import (
     ImportFailed,
     InvalidInput,
     InvalidPayload,
+    InvalidQueue,
     InvalidStoreURL,
     KeyConflict,
     LeaseLost,
@@ -43,6 +44,7 @@ from perdure.errors import (
     StoreError,
     StoreUnavailable,
     UnknownQuery,
+    UnknownQueue,
     UpdateAbandoned,
     UpdateRejected,
     UpdateTimedOut,
@@ -55,6 +57,7 @@ from perdure.errors import (
 from perdure.fernet import FernetCodec
 from perdure.live import RunView
 from perdure.payloads import FilePayloadStore, PayloadCodec, PayloadStore
+from perdure.queues import Queue, QueueInfo, Rate
 from perdure.ready import Ready
 from perdure.records import (
     Message,
@@ -90,6 +93,7 @@ __all__ = [
     "ImportFailed",
     "InvalidInput",
     "InvalidPayload",
+    "InvalidQueue",
     "InvalidStoreURL",
     "KeyConflict",
     "LeaseLost",
@@ -107,6 +111,9 @@ __all__ = [
     "PerdureError",
     "Provenance",
     "QueryFailed",
+    "Queue",
+    "QueueInfo",
+    "Rate",
     "Ready",
     "Receipt",
     "ResultTimeout",
@@ -130,6 +137,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "UnknownQuery",
+    "UnknownQueue",
     "Update",
     "UpdateAbandoned",
     "UpdateRejected",

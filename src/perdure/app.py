@@ -13,7 +13,17 @@ from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 from perdure import client as client_api
-from perdure import codec, context, effects, errors, payloads, registry, schedules, timetable
+from perdure import (
+    codec,
+    context,
+    effects,
+    errors,
+    payloads,
+    queues,
+    registry,
+    schedules,
+    timetable,
+)
 from perdure import codec as json_codec
 from perdure import telemetry as telemetry_api
 from perdure import worker as worker_api
@@ -52,7 +62,7 @@ class _ClientCall(Generic[P, R]):
         return cast(Callable[P, R], types.MethodType(self._call, app.client))
 
 
-class App(timetable.Timetable):
+class App(timetable.Timetable, queues.Queues):
     """A named set of workflows and steps bound to one store.
 
     The store is opened on first use, so importing a module that defines an
@@ -117,6 +127,7 @@ class App(timetable.Timetable):
         # The app's own schema in the store's database (see migration()).
         self._migrations: dict[int, Callable[[Any], object]] = {}
         self._schedules: dict[str, schedules.Schedule] = {}
+        self._queues: dict[str, queues.Queue] = {}
         self._store: port.Store | None = None if isinstance(store, str | None) else store
         self._store_given = self._store is not None
         self._client: client_api.Client | None = None
@@ -361,6 +372,20 @@ class App(timetable.Timetable):
         self, workflow: registry.Workflow[P, R], /, *args: Any, key: str | None, **kwargs: Any
     ) -> client_api.RunHandle[R]: ...
 
+    # Likewise with a queue: the run's queue, key and priority travel as keywords.
+    @overload
+    def start(
+        self,
+        workflow: registry.Workflow[P, R],
+        /,
+        *args: Any,
+        queue: str | queues.Queue,
+        queue_key: str | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> client_api.RunHandle[R]: ...
+
     @overload
     def start(
         self, workflow: str, /, *args: Any, key: str | None = None, **kwargs: Any
@@ -384,14 +409,19 @@ class App(timetable.Timetable):
             errors.InvalidInput: the arguments do not fit the workflow.
             errors.KeyConflict: ``key`` names a run of another workflow or with
                 other arguments.
+            errors.InvalidQueue: a queue key or priority without a queue, or a bad priority.
+            errors.UnknownQueue: ``queue`` names no queue of the app.
         """
         name, version, hint = self.workflow_ref(workflow)
         wf = self._workflows[name]
         key, kwargs = registry.split_key(wf, workflow, key, kwargs)
         # deadline= is the run's, unless the workflow takes an argument of that name.
         deadline = None if "deadline" in wf.params else kwargs.pop("deadline", None)
+        placed = self.placement(wf, kwargs)
         registry.check_arguments(wf, args, kwargs)
-        return self.client.start(name, version, args, kwargs, key=key, hint=hint, deadline=deadline)
+        return self.client.start(
+            name, version, args, kwargs, key=key, hint=hint, deadline=deadline, **placed
+        )
 
     def handle(self, run_id: str) -> client_api.RunHandle[Any]:
         """Return a handle on an existing run (its result typed by the workflow's hint)."""
@@ -561,6 +591,7 @@ class App(timetable.Timetable):
         worker_api.validate_timing(ttl, beat)
         store = self.store
         self.migrate()  # the tables the app's transaction steps write
+        self.save_queues()  # every worker claims under the limits declared last
         # A test clock that moves wakes the worker at once (FakeClock.subscribe).
         subscribe = getattr(self.clock, "subscribe", None)
         if callable(subscribe):

@@ -32,7 +32,7 @@ from perdure import (
     validation,
 )
 from perdure import payloads as _payloads
-from perdure.store import controlport, port
+from perdure.store import controlport, port, queueport
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -113,6 +113,9 @@ def run_info(run: port.Run, opener: Callable[[Any], Any] | None = None) -> recor
         deadline=run.deadline,
         suspend_requested=run.suspend_requested,
         continued_as=run.continued_as,
+        queue=run.queue,
+        queue_key=run.queue_key,
+        priority=run.priority,
     )
 
 
@@ -210,6 +213,9 @@ class Client(liveclient.LiveCalls):
         key: str | None = None,
         hint: Any = None,
         deadline: timedelta | datetime | None = None,
+        queue: str | None = None,
+        queue_key: str | None = None,
+        priority: int | None = None,
     ) -> RunHandle[Any]:
         """Create a run (or return the run already created under ``key``).
 
@@ -218,15 +224,22 @@ class Client(liveclient.LiveCalls):
         ``deadline`` (a duration from now by the store's clock, or an aware
         instant) cancels the run with ``deadline_exceeded`` if it has not
         ended by then.
+        ``queue`` places the run in one of the app's declared queues, claimed
+        under its limits; ``queue_key`` is what its per-key limit counts, and
+        ``priority`` orders the queue's runs (lower first; default 0).
 
         Raises:
             errors.KeyConflict: ``key`` names a run of another workflow or with
                 other inputs.
             errors.InvalidInput: the deadline is not a positive duration or an aware instant.
+            errors.InvalidQueue: a queue key or priority without a queue, or a
+                priority that is not a 32-bit integer.
+            errors.UnknownQueue: the store holds no such queue for the app.
         """
         if key is not None:
             codec.check_text("a run key", key)
         until = self._deadline(deadline)
+        placement = self._placement(queue, queue_key, priority)
         text = self.payloads.seal(
             {"args": list(args), "kwargs": kwargs or {}}, "the run's input", envelope=2
         )
@@ -239,6 +252,7 @@ class Client(liveclient.LiveCalls):
             input=text,
             key=key,
             deadline=until,
+            **placement,
         )
         run, created = self.store.create_run(new)
         # A key that follows a chain names the start of its first run.
@@ -267,6 +281,43 @@ class Client(liveclient.LiveCalls):
         raise errors.InvalidInput(
             f"a run deadline is a timedelta or an aware datetime, got {type(deadline).__name__}"
         )
+
+    def _placement(
+        self, queue: str | None, queue_key: str | None, priority: int | None
+    ) -> dict[str, Any]:
+        """Return a start's queue, key and priority as a run stores them, checked."""
+        if queue is None:
+            if queue_key is not None or priority is not None:
+                given = "queue_key" if queue_key is not None else "priority"
+                raise errors.InvalidQueue(
+                    f"{given} applies within a queue: pass queue= too (runs in no queue "
+                    "are claimed first come, first served)"
+                )
+            return {}
+        codec.check_text("a queue name", queue)
+        if queue_key is not None:
+            if not isinstance(queue_key, str):
+                raise errors.InvalidQueue(
+                    f"a queue key is a string, got {type(queue_key).__name__}"
+                )
+            codec.check_text("a queue key", queue_key)
+        if priority is None:
+            priority = 0
+        low, high = queueport.PRIORITY_MIN, queueport.PRIORITY_MAX
+        if type(priority) is not int or not low <= priority <= high:
+            raise errors.InvalidQueue(
+                f"a priority is a 32-bit integer (lower runs first), got {priority!r}"
+            )
+        found = (
+            self.store.get_queue(self.app, queue)
+            if isinstance(self.store, queueport.QueueStore)
+            else None
+        )
+        if found is None:
+            raise errors.UnknownQueue(
+                f"app {self.app} has no queue {queue!r}; declare it with app.queue({queue!r}, ...)"
+            )
+        return {"queue": queue, "queue_key": queue_key, "priority": priority}
 
     def handle(self, run_id: str, hint: Any = None) -> RunHandle[Any]:
         return RunHandle[Any](self, run_id, hint)

@@ -11,6 +11,8 @@ The tree::
     │   │       ├── PayloadMissing           payload_missing   (not in the payload store)
     │   │       └── PayloadDigestMismatch    payload_digest_mismatch
     │   ├── InvalidStoreURL                  invalid_store_url
+    │   ├── InvalidQueue                     invalid_queue     (bad limits, priority or queue key)
+    │   ├── UnknownQueue                     unknown_queue     (a start names no declared queue)
     │   ├── ImportFailed                     import_failed     (MODULE:APP does not import)
     │   ├── AppNotFound                      app_not_found     (MODULE:APP names no App)
     │   └── ScheduleNotFound                 schedule_not_found
@@ -83,6 +85,7 @@ __all__ = [
     "Interrupt",
     "InvalidInput",
     "InvalidPayload",
+    "InvalidQueue",
     "InvalidStoreURL",
     "KeyConflict",
     "LeaseLost",
@@ -115,6 +118,7 @@ __all__ = [
     "TokenNotFound",
     "Unauthorized",
     "UnknownQuery",
+    "UnknownQueue",
     "UpdateAbandoned",
     "UpdateRejected",
     "UpdateTimedOut",
@@ -147,6 +151,18 @@ class InvalidInput(PerdureError, ValueError):
     """The input is malformed."""
 
     code = "invalid_input"
+
+
+class InvalidQueue(InvalidInput):
+    """A queue's limits, or a start's queue, key or priority, are not ones perdure takes."""
+
+    code = "invalid_queue"
+
+
+class UnknownQueue(InvalidInput):
+    """The start names a queue the app has not declared."""
+
+    code = "unknown_queue"
 
 
 class LeaseTimingInvalid(InvalidInput):

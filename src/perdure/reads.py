@@ -103,6 +103,7 @@ class Reads:
         limit: int = 50,
         created_after: str | None = None,
         created_before: str | None = None,
+        queue: str | None = None,
     ) -> records.RunPage:
         """Return one page of the app's runs, newest first, after ``cursor``.
 
@@ -134,6 +135,7 @@ class Reads:
             limit=limit + 1,
             created_after=since,
             created_before=until,
+            queue=queue,
         )
         more = len(found) > limit
         shown = found[:limit]

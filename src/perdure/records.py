@@ -39,6 +39,10 @@ class RunInfo:
     # current, as ``app.get`` reports them (empty outside any chain).
     continued_as: str | None = None
     chain: tuple[str, ...] = ()
+    # The run's queue (None: none), its key there and its priority (lower first).
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
 
     @property
     def done(self) -> bool:

@@ -70,6 +70,7 @@ def test_migrations_produce_schema_sql(tmp_path: Path) -> None:
         "updates",
         "app_migrations",
         "schedules",
+        "queues",
     }
     assert _objects(migrated) == expected
 

@@ -45,6 +45,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.scheduleport",
             "perdure.store.chainport",
             "perdure.store.controlport",
+            "perdure.store.queueport",
         }
     },
     {
@@ -77,7 +78,7 @@ LAYERS: list[dict[str, set[str]]] = [
         "check": {"perdure.check"},
     },
     {"worker": {"perdure.worker"}},
-    {"app": {"perdure.app", "perdure.timetable"}},
+    {"app": {"perdure.app", "perdure.timetable", "perdure.queues"}},
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},
     # The console command serves the web package: web sits below the command line.
     {"web": {"perdure.web"}},

@@ -3,7 +3,7 @@
 One module per command group: ``workers`` (worker), ``runs`` (start, runs,
 show), ``signals`` (signal, send, waits, resume), ``live`` (update, query,
 events, stream), ``operators`` (cancel, resolve, fork), ``retention``
-(prune), ``schedules`` (schedules, pause, resume, trigger), ``migrate``,
+(prune), ``schedules`` (schedules, pause, resume, trigger), ``queues``, ``migrate``,
 ``demo``, ``deploys`` (check), ``tokens`` and
 ``console`` (the web console, an optional extra); ``common`` and ``output``
 hold what they share. Only ``worker``, ``start``, ``check`` and ``query``
@@ -34,6 +34,7 @@ from perdure.cli import (
     migrate,
     operators,
     output,
+    queues,
     retention,
     runs,
     schedules,
@@ -76,6 +77,7 @@ for command in (
     operators.fork,
     retention.prune,
     schedules.schedules_,
+    queues.queues_,
     migrate.migrate,
     demo.demo,
     tokens.tokens,

@@ -44,6 +44,24 @@ from perdure.store import port
     metavar="SECONDS",
     help="Cancel the run (deadline_exceeded) if it has not ended SECONDS from now.",
 )
+@click.option(
+    "--queue",
+    default=None,
+    metavar="NAME",
+    help="Start the run in this queue of the app (declared with app.queue).",
+)
+@click.option(
+    "--queue-key",
+    default=None,
+    metavar="KEY",
+    help="With --queue: what the queue's per-key limit counts (a customer, a tenant).",
+)
+@click.option(
+    "--priority",
+    type=int,
+    default=None,
+    help="With --queue: lower numbers are claimed first (default 0).",
+)
 @click.option("--wait", is_flag=True, help="Wait for the run to end (a worker must be running).")
 @click.option(
     "--timeout",
@@ -60,6 +78,9 @@ def start(
     kwargs_: dict[str, Any] | None,
     key: str | None,
     deadline: float | None,
+    queue: str | None,
+    queue_key: str | None,
+    priority: int | None,
     wait: bool,
     timeout: float | None,
     store_url: str | None,
@@ -86,7 +107,12 @@ def start(
                     "--deadline cannot be used with it"
                 )
             extra["deadline"] = timedelta(seconds=deadline)
-        handle = app.start(workflow, *(args_ or []), key=key, **(kwargs_ or {}), **extra)
+        placed = {
+            name: value
+            for name, value in (("queue", queue), ("queue_key", queue_key), ("priority", priority))
+            if value is not None
+        }
+        handle = app.start(workflow, *(args_ or []), key=key, **(kwargs_ or {}), **extra, **placed)
         info = app.get(handle.run_id)
         if not wait:
             if as_json:

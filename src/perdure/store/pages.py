@@ -43,11 +43,13 @@ class PagedStore(Protocol):
         limit: int = 50,
         created_after: datetime | None = None,
         created_before: datetime | None = None,
+        queue: str | None = None,
     ) -> list[port.Run]:
         """Return up to ``limit`` of the app's runs, newest first, strictly after ``after``.
 
         ``created_after`` and ``created_before`` (aware instants) keep only
-        runs created strictly after, and strictly before, them.
+        runs created strictly after, and strictly before, them; ``queue``
+        only runs started in that queue.
 
         Raises:
             errors.InvalidInput: a naive instant.

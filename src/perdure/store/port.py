@@ -148,6 +148,10 @@ class NewRun:
     # The instant by which the run must have ended, else it is canceled
     # (deadline_exceeded); None: no deadline.
     deadline: datetime | None = None
+    # The run's queue (None: none), its key and priority there (queueport).
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,10 @@ class Run:
     # continued, and the first run of its chain (None outside any chain).
     continued_as: str | None = None
     origin: str | None = None
+    # Its queue, key and priority there (see queueport); None: in no queue.
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
 
 
 def same_start(found: Run, new: NewRun, read: Callable[[str], Any] = json.loads) -> bool:

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast, get_args
 
 from perdure import errors
-from perdure.store import liveport, port, scheduleport
+from perdure.store import liveport, port, queueport, scheduleport
 
 ENTRY_STATUSES: frozenset[str] = frozenset(get_args(port.EntryStatus))
 OUTCOME_KINDS: frozenset[str] = frozenset(get_args(port.OutcomeKind))
@@ -32,7 +32,8 @@ WAIT_KINDS: frozenset[str] = frozenset(get_args(port.WaitKind))
 _COLUMNS = {
     "run": "run_id app workflow version state input result error key parent_id generation "
     "failures worker lease_expires_at ready_at cancel_requested ledger_sequence ledger_limit "
-    "created_at updated_at deadline suspend_requested suspended_from continued_as origin",
+    "created_at updated_at deadline suspend_requested suspended_from continued_as origin "
+    "queue queue_key priority",
     "journal": "position kind name status output error attempt",
     "ledger": "run_id sequence kind at generation worker step digest note",
     "wait": "run_id app name kind deadline created_at",
@@ -42,6 +43,8 @@ _COLUMNS = {
     "update": "run_id update_id name sequence payload state response at settled_at",
     "schedule": "app name workflow version cron tz catch_up input tick_arg paused "
     "settled_until last_tick last_run_id created_at updated_at",
+    "queue": "app name concurrency per_key rate_limit rate_seconds created_at updated_at "
+    "running waiting",
 }
 
 INVARIANTS: dict[str, str] = {
@@ -274,6 +277,11 @@ class Reader:
             ),
             continued_as=c.opt_text("continued_as"),
             origin=c.opt_text("origin"),
+            queue=c.opt_text("queue"),
+            queue_key=c.opt_text("queue_key"),
+            priority=0
+            if _value(row, "priority") is None
+            else c.count("priority", queueport.PRIORITY_MIN),
         )
 
     def entry(self, row: Row) -> port.JournalEntry:
@@ -358,6 +366,25 @@ class Reader:
             response=response,
             at=c.instant("at"),
             settled_at=c.opt_instant("settled_at"),
+        )
+
+    def queue(self, row: Row) -> queueport.QueueRecord:
+        """Return the :class:`queueport.QueueRecord` of a ``queues`` row (counts if selected)."""
+        c = self._columns("queue", row)
+        rate = _value(row, "rate_seconds")
+        if rate is not None and (not isinstance(rate, int | float) or rate <= 0):
+            raise c._bad("rate_seconds", "a positive number of seconds")
+        return queueport.QueueRecord(
+            app=c.text("app"),
+            name=c.text("name"),
+            concurrency=None if _value(row, "concurrency") is None else c.count("concurrency", 1),
+            per_key=None if _value(row, "per_key") is None else c.count("per_key", 1),
+            rate_limit=None if _value(row, "rate_limit") is None else c.count("rate_limit", 1),
+            rate_seconds=None if rate is None else float(rate),
+            created_at=c.instant("created_at"),
+            updated_at=c.instant("updated_at"),
+            running=0 if _value(row, "running") is None else c.count("running"),
+            waiting=0 if _value(row, "waiting") is None else c.count("waiting"),
         )
 
     def schedule(self, row: Row) -> scheduleport.ScheduleRecord:

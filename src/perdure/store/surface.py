@@ -58,6 +58,7 @@ class SurfaceTransitions(transitions.Transitions[C]):
         limit: int = 50,
         created_after: datetime | None = None,
         created_before: datetime | None = None,
+        queue: str | None = None,
     ) -> list[port.Run]:
         """Return up to ``limit`` of the app's runs, newest first, strictly after ``after``."""
         _aware("created_after", created_after)
@@ -67,13 +68,16 @@ class SurfaceTransitions(transitions.Transitions[C]):
             "app": app,
             "state": state,
             "workflow": workflow,
+            "queue": queue,
             "after_at": after_at,
             "after_id": after_id,
             "since": created_after or _BEGIN,
             "limit": max(0, limit),
         }
         query = (
-            "page_runs_by_state"
+            "page_runs_by_queue"
+            if queue is not None
+            else "page_runs_by_state"
             if state is not None
             else "page_runs_by_workflow"
             if workflow is not None

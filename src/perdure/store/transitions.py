@@ -354,9 +354,38 @@ class Transitions(abc.ABC, Generic[C]):
             raise errors.InvalidInput("recover_until must be an aware datetime")
         if limit < 1 or not workflows:
             return []
-        return self._transact(
-            lambda cur: self._claim(cur, app, worker, workflows, ttl, limit, recover_until)
-        )
+        self._claims_made += 1
+        queued_first = self._claims_made % 2 == 0
+
+        def work(cur: C) -> list[port.Claimed]:
+            # Runs in queues and the others take turns to go first, so that
+            # neither kind starves the other of a busy worker's slots.
+            claimed = []
+            if queued_first:
+                claimed += self._claim_queued(cur, app, worker, workflows, ttl, limit)
+            if len(claimed) < limit:
+                left = limit - len(claimed)
+                claimed += self._claim(cur, app, worker, workflows, ttl, left, recover_until)
+            if not queued_first and len(claimed) < limit:
+                left = limit - len(claimed)
+                claimed += self._claim_queued(cur, app, worker, workflows, ttl, left)
+            return claimed
+
+        return self._transact(work)
+
+    _claims_made = 0
+
+    def _claim_queued(
+        self,
+        cur: C,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+    ) -> list[port.Claimed]:
+        """Claim runs in queues, as their limits admit (a store without queues has none)."""
+        return []
 
     def _quarantine(self, cur: C, run_id: str, exc: errors.CorruptState) -> None:
         """Make an unreadable run needs_attention (and say so in its ledger)."""

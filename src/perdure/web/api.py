@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from perdure import client as client_api
-from perdure import errors
+from perdure import errors, queues
 from perdure.web import auth, openapi, tree
 from perdure.web import schedules as web_schedules
 
@@ -211,6 +211,7 @@ def _runs(call: Call) -> Any:
         limit=_int(call, "limit", 50),
         created_after=call.query.get("created_after") or None,
         created_before=call.query.get("created_before") or None,
+        queue=call.query.get("queue") or None,
     )
     return page
 
@@ -278,6 +279,22 @@ def _fork(call: Call) -> Any:
         raise errors.InvalidInput("'live' must be true or false")
     handle = call.client.fork(call.path["run_id"], call.text("from_step"), live=live)
     return {"run_id": handle.run_id}
+
+
+def _queues(call: Call) -> Any:
+    return [
+        {
+            "name": q.name,
+            "concurrency": q.concurrency,
+            "per_key": q.per_key,
+            "rate": None
+            if q.rate is None
+            else {"n": q.rate.n, "per_seconds": q.rate.per.total_seconds()},
+            "running": q.running,
+            "waiting": q.waiting,
+        }
+        for q in queues.listing(call.client.store, call.client.app)
+    ]
 
 
 def _history(call: Call) -> Any:
@@ -426,12 +443,14 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("POST", "/runs", "operate", "Start a run (the same key returns the same run)",
              _start, 201, ("workflow", "args", "kwargs", "key", "version", "deadline")),
     Endpoint("GET", "/runs", "read",
-             "List runs, newest first: ?state=&workflow=&created_after=&created_before="
+             "List runs, newest first: ?state=&workflow=&queue=&created_after=&created_before="
              "&cursor=&limit= (instants ISO-8601 or a time ago: 90m, 12h, 7d, 2w)",
-             _runs, query=(("state", "string"), ("workflow", "string"),
+             _runs, query=(("state", "string"), ("workflow", "string"), ("queue", "string"),
                            ("created_after", "string"), ("created_before", "string"),
                            ("cursor", "string"), ("limit", "integer"))),
     Endpoint("GET", RUN, "read", "One run (RunInfo)", _get),
+    Endpoint("GET", "/queues", "read",
+             "The app's queues: limits, running and waiting runs", _queues),
     Endpoint("POST", RUN + "/signals/{name}", "signal",
              "Signal a wait; idempotent by signal_id; a refusal is 409 with the receipt",
              _signal, 200, ("payload", "signal_id")),

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from perdure import errors, records, schedules
+from perdure import errors, queues, records, schedules
 from perdure.store import port
 from perdure.web import api, auth
 from perdure.web import schedules as web_schedules
@@ -284,7 +284,7 @@ def routes(console: Console) -> list[Route]:
         q = request.query_params
         filters = {
             k: (q.get(k) or "").strip()
-            for k in ("state", "workflow", "created_after", "created_before")
+            for k in ("state", "workflow", "queue", "created_after", "created_before")
         }
         kept = {k: v for k, v in filters.items() if v}
         refusal: errors.PerdureError | None = None
@@ -306,6 +306,7 @@ def routes(console: Console) -> list[Route]:
                     50,
                     kept.get("created_after"),
                     kept.get("created_before"),
+                    kept.get("queue"),
                 )
             except errors.InvalidInput as exc:
                 # A bad filter is shown above the form, which keeps what was typed.
@@ -326,6 +327,7 @@ def routes(console: Console) -> list[Route]:
             filtered=bool(kept),
             state=filters["state"],
             workflow=filters["workflow"],
+            queue=filters["queue"],
             search=search,
             missing=bool(search),
             refusal=refusal,
@@ -353,6 +355,17 @@ def routes(console: Console) -> list[Route]:
             refusal=None,
             **view,
         )
+
+    async def queues_page(request: Request) -> Response:
+        try:
+            caller = console.caller(request, cookie=True)
+            auth.require(caller.scope, "read")
+            found = await run_in_threadpool(
+                queues.listing, console.client.store, console.client.app
+            )
+        except errors.PerdureError as exc:
+            return _refused(request, console, exc)
+        return _render(request, console, "queues.html", caller=caller, queues=found)
 
     async def action(request: Request) -> Response:
         run_id, name = request.path_params["run_id"], request.path_params["action"]
@@ -447,6 +460,7 @@ def routes(console: Console) -> list[Route]:
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/runs", runs, methods=["GET"]),
+        Route("/queues", queues_page, methods=["GET"]),
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/actions/{action}", action, methods=["POST"]),
         Route("/schedules", schedules_page, methods=["GET"]),

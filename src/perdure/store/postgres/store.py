@@ -45,6 +45,7 @@ from perdure.store import (
     liveport,
     overview,
     port,
+    queueing,
     rows,
     scheduling,
     sqlfiles,
@@ -74,6 +75,7 @@ class PostgresStore(
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],
+    queueing.QueueTransitions[Cursor],
     live.LiveTransitions[Cursor],
     control.ControlTransitions[Cursor],
     census.Census[Cursor],
@@ -224,6 +226,9 @@ class PostgresStore(
                 log.error("claim sets run %s aside: %s", exc.run_id, exc)
                 exclude.append(exc.run_id)
                 self._quarantine(cur, exc.run_id, exc)
+
+    def _wanted(self, workflows: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        return {"workflows": [w for w, _ in workflows], "versions": [v for _, v in workflows]}
 
     def _claim_once(self, cur: Cursor, **params: Any) -> list[port.Claimed]:
         claimed = self._exec(cur, "claim", **params).fetchall()

@@ -37,6 +37,7 @@ from perdure.store import (
     liveport,
     overview,
     port,
+    queueing,
     rows,
     scheduling,
     sqlfiles,
@@ -65,6 +66,7 @@ class SqliteStore(
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],
+    queueing.QueueTransitions[Cursor],
     live.LiveTransitions[Cursor],
     control.ControlTransitions[Cursor],
     census.Census[Cursor],
@@ -217,6 +219,9 @@ class SqliteStore(
                 self._quarantine(cur, candidate["run_id"], exc)
             cur.conn.execute("RELEASE claim_once")
         return claimed
+
+    def _wanted(self, workflows: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        return {"workflows": json.dumps([[name, version] for name, version in workflows])}
 
     def _claim_once(self, cur: Cursor, candidate: Row, worker: str, ttl: float) -> port.Claimed:
         recovered = self.read.run(candidate).state == "running"

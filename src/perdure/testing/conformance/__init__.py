@@ -67,6 +67,7 @@ from perdure.testing.conformance.lifecycle import LifecycleTests
 from perdure.testing.conformance.live import LiveTests
 from perdure.testing.conformance.operators import OperatorTests
 from perdure.testing.conformance.overview import OverviewTests
+from perdure.testing.conformance.queues import QueueTests
 from perdure.testing.conformance.retention import RetentionTests
 from perdure.testing.conformance.runs import RunTests
 from perdure.testing.conformance.schedules import ScheduleTests
@@ -99,6 +100,7 @@ class StoreConformance(
     PageTests,
     RetentionTests,
     ScheduleTests,
+    QueueTests,
     LiveTests,
     CensusTests,
     OverviewTests,

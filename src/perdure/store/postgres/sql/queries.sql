@@ -39,14 +39,14 @@ SELECT pg_notify('perdure_ready', app) FROM unnest(%(apps)s::text[]) AS app;
 -- A conflict on run_id or on (app, key) stores nothing; the caller reads back.
 INSERT INTO perdure.runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, deadline
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority
 )
 VALUES (
     %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
     %(parent_id)s, 1, %(ledger_limit)s,
     coalesce(%(now)s::timestamptz, statement_timestamp()),
     coalesce(%(now)s::timestamptz, statement_timestamp()),
-    %(deadline)s::timestamptz
+    %(deadline)s::timestamptz, %(queue)s, %(queue_key)s, %(priority)s
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -134,13 +134,15 @@ SELECT * FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY 
 -- One ordered, SKIP LOCKED index range per way a run becomes claimable, each
 -- cut at the limit, so workers step over each other's candidates and a large
 -- backlog costs no sort. Rows locked here but not picked stay untouched.
+-- Runs in a queue are claimed by queue_candidates instead; a lapsed one is
+-- recovered here (it keeps its slot).
 WITH wanted AS (
     SELECT * FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS w(workflow, version)
 ), fresh AS (
     SELECT run_id, state, created_at AS due_at, created_at,
            generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'queued' AND ready_at IS NULL
-      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY created_at
     LIMIT %(limit)s
@@ -150,7 +152,7 @@ WITH wanted AS (
            generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'queued'
       AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY ready_at
     LIMIT %(limit)s
@@ -160,7 +162,7 @@ WITH wanted AS (
            generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'waiting'
       AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY ready_at
     LIMIT %(limit)s
@@ -753,6 +755,17 @@ WHERE app = %(app)s AND workflow = %(workflow)s
 ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;
 
+-- name: page_runs_by_queue
+-- Served by runs_page_queue (app, queue, created_at, run_id).
+SELECT * FROM perdure.runs
+WHERE app = %(app)s AND queue = %(queue)s
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (created_at, run_id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+  AND created_at > %(since)s::timestamptz
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s;
+
 -- name: page_children
 -- Keyset, oldest first; with no page before, after_at is before every run.
 -- Served by runs_children (parent_id, created_at, run_id).
@@ -1089,15 +1102,17 @@ RETURNING run_id, app, NULL::text AS parent_id, state, result, error, generation
           ledger_sequence, origin;
 
 -- name: chain_create
--- The successor takes the old run's app, parent, parent_close, origin and ledger bound.
+-- The successor takes the old run's app, parent, parent_close, origin, ledger
+-- bound, deadline and place in a queue (queue, key, priority).
 INSERT INTO perdure.runs (
     run_id, app, workflow, version, state, input, key, parent_id, parent_close, origin,
-    ledger_sequence, ledger_limit, created_at, updated_at
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority
 )
 SELECT %(run_id)s, app, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s, parent_id,
        parent_close, origin, 1, ledger_limit,
        coalesce(%(now)s::timestamptz, statement_timestamp()),
-       coalesce(%(now)s::timestamptz, statement_timestamp())
+       coalesce(%(now)s::timestamptz, statement_timestamp()),
+       deadline, queue, queue_key, priority
 FROM perdure.runs WHERE run_id = %(old_id)s
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -1147,3 +1162,134 @@ SELECT * FROM perdure.runs WHERE origin = %(origin)s;
 
 -- name: chain_current
 SELECT * FROM perdure.runs WHERE origin = %(origin)s AND continued_as IS NULL;
+
+-- == queues: limits enforced at claim time (perdure.store.queueing) ==========
+-- rate_per is an interval, read as rate_seconds.
+
+-- name: save_queue
+-- A declaration replaces the stored limits; the row keeps its created_at.
+INSERT INTO perdure.queues (
+    app, name, concurrency, per_key, rate_limit, rate_per, created_at, updated_at
+)
+VALUES (
+    %(app)s, %(name)s, %(concurrency)s, %(per_key)s, %(rate_limit)s,
+    make_interval(secs => %(rate_seconds)s::float8),
+    coalesce(%(now)s::timestamptz, statement_timestamp()),
+    coalesce(%(now)s::timestamptz, statement_timestamp())
+)
+ON CONFLICT (app, name) DO UPDATE SET
+    concurrency = excluded.concurrency,
+    per_key = excluded.per_key,
+    rate_limit = excluded.rate_limit,
+    rate_per = excluded.rate_per,
+    updated_at = excluded.updated_at
+RETURNING *, extract(epoch FROM rate_per)::float8 AS rate_seconds;
+
+-- name: queue_by_name
+SELECT *, extract(epoch FROM rate_per)::float8 AS rate_seconds FROM perdure.queues
+WHERE app = %(app)s AND name = %(name)s;
+
+-- name: queue_ready
+-- Whether the queue has a claimable run at all (any workflow): a claim locks
+-- the queue's row only then.
+SELECT EXISTS (
+    SELECT 1 FROM perdure.runs WHERE app = %(app)s AND queue = %(queue)s AND state = 'queued'
+      AND ready_at IS NULL
+) OR EXISTS (
+    SELECT 1 FROM perdure.runs WHERE app = %(app)s AND queue = %(queue)s AND state = 'queued'
+      AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+) OR EXISTS (
+    SELECT 1 FROM perdure.runs WHERE app = %(app)s AND queue = %(queue)s AND state = 'waiting'
+      AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+) AS ready;
+
+-- name: queue_lock
+-- Claims of the queue's runs queue up here, so each counts the others' slots.
+SELECT *, extract(epoch FROM rate_per)::float8 AS rate_seconds FROM perdure.queues
+WHERE app = %(app)s AND name = %(name)s
+FOR UPDATE;
+
+-- name: queues_of_app
+SELECT *, extract(epoch FROM rate_per)::float8 AS rate_seconds FROM perdure.queues
+WHERE app = %(app)s ORDER BY name;
+
+-- name: list_queues
+-- Waiting: queued for a slot (held back or not); parked runs hold none.
+SELECT q.*, extract(epoch FROM q.rate_per)::float8 AS rate_seconds,
+       (SELECT count(*) FROM perdure.runs AS r
+        WHERE r.app = q.app AND r.queue = q.name AND r.state = 'running') AS running,
+       (SELECT count(*) FROM perdure.runs AS r
+        WHERE r.app = q.app AND r.queue = q.name AND r.state = 'queued') AS waiting
+FROM perdure.queues AS q
+WHERE (%(app)s::text IS NULL OR q.app = %(app)s::text)
+ORDER BY q.app, q.name;
+
+-- name: queue_running
+-- The queue's running runs by key: lapsed leases hold their slot until recovered.
+SELECT queue_key, count(*) AS n FROM perdure.runs
+WHERE app = %(app)s AND queue = %(queue)s AND state = 'running'
+GROUP BY queue_key;
+
+-- name: queue_starts
+-- The queue's first claims within its rate's window, and the oldest of them.
+SELECT count(*) AS n, min(started_at) AS oldest FROM perdure.runs
+WHERE app = %(app)s AND queue = %(queue)s
+  AND started_at > coalesce(%(now)s::timestamptz, statement_timestamp())
+      - (SELECT rate_per FROM perdure.queues WHERE app = %(app)s AND name = %(queue)s);
+
+-- name: queue_candidates
+-- The queue's claimable runs, lowest priority number first and then in the
+-- order they became claimable; runs of the keys in busy (at their per-key
+-- limit) are stepped over. One ordered, SKIP LOCKED index range per way a run
+-- becomes claimable, each cut at the limit.
+WITH wanted AS (
+    SELECT * FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS w(workflow, version)
+), fresh AS (
+    SELECT run_id, priority, created_at AS due_at, created_at FROM perdure.runs
+    WHERE app = %(app)s AND queue = %(queue)s AND state = 'queued' AND ready_at IS NULL
+      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND (queue_key IS NULL OR NOT queue_key = ANY(%(busy)s::text[]))
+    ORDER BY priority, created_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), backed_off AS (
+    SELECT run_id, priority, ready_at AS due_at, created_at FROM perdure.runs
+    WHERE app = %(app)s AND queue = %(queue)s AND state = 'queued'
+      AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND (queue_key IS NULL OR NOT queue_key = ANY(%(busy)s::text[]))
+    ORDER BY priority, ready_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), due AS (
+    SELECT run_id, priority, ready_at AS due_at, created_at FROM perdure.runs
+    WHERE app = %(app)s AND queue = %(queue)s AND state = 'waiting'
+      AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND (queue_key IS NULL OR NOT queue_key = ANY(%(busy)s::text[]))
+    ORDER BY priority, ready_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+SELECT r.* FROM (
+    SELECT * FROM fresh UNION ALL SELECT * FROM backed_off UNION ALL SELECT * FROM due
+) AS p
+JOIN perdure.runs AS r ON r.run_id = p.run_id
+ORDER BY p.priority, p.due_at, p.created_at, p.run_id
+LIMIT %(limit)s;
+
+-- name: queue_claim
+-- The candidates the queue's limits admit; started_at keeps the first claim.
+UPDATE perdure.runs SET
+    generation = generation + 1,
+    state = 'running',
+    worker = %(worker)s,
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+        + make_interval(secs => %(lease_ttl)s::float8),
+    lease_ttl = make_interval(secs => %(lease_ttl)s::float8),
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+    started_at = coalesce(started_at, coalesce(%(now)s::timestamptz, statement_timestamp()))
+WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('queued', 'waiting')
+RETURNING *;

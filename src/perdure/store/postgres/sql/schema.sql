@@ -49,12 +49,29 @@ CREATE TABLE perdure.runs (
     continued_as text,
     -- The first run of the run's chain (NULL for a run outside any chain).
     origin text,
+    -- The run's queue (NULL: none), its key and priority inside it, and when
+    -- a claim of the queue first started it (rate limits count these).
+    queue text,
+    queue_key text,
+    priority integer NOT NULL DEFAULT 0,
+    started_at timestamptz,
     -- Idempotent creation: one run per (app, key); runs without a key never collide.
     CONSTRAINT runs_app_key UNIQUE (app, key)
 );
 
 -- Claims of queued and waiting runs: one ordered range per (state, ready_at) case.
-CREATE INDEX runs_claim ON perdure.runs (app, state, ready_at, created_at);
+-- Runs in a queue are claimed through runs_queue, under their queue's limits.
+CREATE INDEX runs_claim ON perdure.runs (app, state, ready_at, created_at) WHERE queue IS NULL;
+CREATE INDEX runs_queue ON perdure.runs (app, queue, state, ready_at, priority, created_at)
+    WHERE queue IS NOT NULL;
+
+-- Rate limits: a queue's starts within its window.
+CREATE INDEX runs_queue_starts ON perdure.runs (app, queue, started_at)
+    WHERE started_at IS NOT NULL;
+
+-- The console's runs of one queue, newest first.
+CREATE INDEX runs_page_queue ON perdure.runs (app, queue, created_at, run_id)
+    WHERE queue IS NOT NULL;
 
 -- Claims that recover a run whose worker is gone.
 CREATE INDEX runs_lease ON perdure.runs (app, lease_expires_at) WHERE state = 'running';
@@ -213,3 +230,17 @@ CREATE TABLE perdure.schedules (
 -- Deadline sweeps (0011): only runs that can still pass theirs.
 CREATE INDEX runs_deadline ON perdure.runs (deadline)
     WHERE deadline IS NOT NULL AND state IN ('queued', 'running', 'waiting', 'suspended');
+
+-- One row per queue of an app: its limits (NULL: none). A claim of the
+-- queue's runs locks it, so claims on every host see each other's.
+CREATE TABLE perdure.queues (
+    app text NOT NULL,
+    name text NOT NULL,
+    concurrency integer,
+    per_key integer,
+    rate_limit integer,
+    rate_per interval,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (app, name)
+);

@@ -23,11 +23,11 @@ INSERT INTO perdure_schema (version, applied_at) VALUES (:version, :now);
 -- Conflicts on run_id or on (app, key) store nothing; the caller reads back.
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, deadline
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority
 )
 VALUES (
     :run_id, :app, :workflow, :version, 'queued', :input, :key, :parent_id,
-    1, :ledger_limit, :now, :now, :deadline
+    1, :ledger_limit, :now, :now, :deadline, :queue, :queue_key, :priority
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -111,7 +111,8 @@ ORDER BY run_id, at, name;
 
 -- name: claim
 -- One ordered index range per way a run becomes claimable, each cut at
--- :limit, so a large backlog costs no sort. Ordered by the instant since
+-- :limit, so a large backlog costs no sort. Runs in a queue are claimed by
+-- queue_candidates instead; a lapsed one is recovered here (it keeps its slot). Ordered by the instant since
 -- which each run has been claimable.
 WITH wanted(workflow, version) AS (
     SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
@@ -121,21 +122,21 @@ due(run_id, state, due_at, created_at) AS (
     SELECT * FROM (
         SELECT run_id, state, created_at, created_at FROM runs
         WHERE app = :app AND state = 'queued' AND ready_at IS NULL
-          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+          AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY created_at LIMIT :limit
     )
     UNION ALL
     SELECT * FROM (
         SELECT run_id, state, ready_at, created_at FROM runs
         WHERE app = :app AND state = 'queued' AND ready_at <= :now
-          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+          AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY ready_at LIMIT :limit
     )
     UNION ALL
     SELECT * FROM (
         SELECT run_id, state, ready_at, created_at FROM runs
         WHERE app = :app AND state = 'waiting' AND ready_at <= :now
-          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+          AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY ready_at LIMIT :limit
     )
     UNION ALL
@@ -603,6 +604,17 @@ WHERE app = :app AND workflow = :workflow
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
 
+-- name: page_runs_by_queue
+-- Served by runs_page_queue (app, queue, created_at, run_id).
+SELECT * FROM runs
+WHERE app = :app AND queue = :queue
+  AND (:state IS NULL OR state = :state)
+  AND (:workflow IS NULL OR workflow = :workflow)
+  AND (created_at, run_id) < (:after_at, :after_id)
+  AND created_at > :since
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
 -- name: page_children
 -- Keyset, oldest first; with no page before, after_at is before every run.
 -- Served by runs_children (parent_id, created_at, run_id).
@@ -899,13 +911,14 @@ WHERE run_id = :run_id AND generation = :generation AND state = 'running'
 RETURNING run_id, app, NULL AS parent_id, state, result, error, generation, ledger_sequence, origin;
 
 -- name: chain_create
--- The successor takes the old run's app, parent, parent_close, origin and ledger bound.
+-- The successor takes the old run's app, parent, parent_close, origin, ledger
+-- bound, deadline and place in a queue (queue, key, priority).
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id, parent_close, origin,
-    ledger_sequence, ledger_limit, created_at, updated_at
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority
 )
 SELECT :run_id, app, :workflow, :version, 'queued', :input, :key, parent_id, parent_close,
-       origin, 1, ledger_limit, :now, :now
+       origin, 1, ledger_limit, :now, :now, deadline, queue, queue_key, priority
 FROM runs WHERE run_id = :old_id
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -958,3 +971,126 @@ SELECT * FROM runs WHERE origin = :origin;
 
 -- name: chain_current
 SELECT * FROM runs WHERE origin = :origin AND continued_as IS NULL;
+
+-- == queues: limits enforced at claim time (perdure.store.queueing) ==========
+-- rate_per is held in microseconds and read as rate_seconds.
+
+-- name: save_queue
+-- A declaration replaces the stored limits; the row keeps its created_at.
+INSERT INTO queues (
+    app, name, concurrency, per_key, rate_limit, rate_per, created_at, updated_at
+)
+VALUES (
+    :app, :name, :concurrency, :per_key, :rate_limit,
+    CAST(round(:rate_seconds * 1000000) AS INTEGER), :now, :now
+)
+ON CONFLICT (app, name) DO UPDATE SET
+    concurrency = excluded.concurrency,
+    per_key = excluded.per_key,
+    rate_limit = excluded.rate_limit,
+    rate_per = excluded.rate_per,
+    updated_at = excluded.updated_at
+RETURNING *, rate_per / 1000000.0 AS rate_seconds;
+
+-- name: queue_by_name
+SELECT *, rate_per / 1000000.0 AS rate_seconds FROM queues
+WHERE app = :app AND name = :name;
+
+-- name: queue_ready
+-- Whether the queue has a claimable run at all (any workflow): a claim locks
+-- the queue's row only then.
+SELECT EXISTS (
+    SELECT 1 FROM runs WHERE app = :app AND queue = :queue AND state = 'queued'
+      AND ready_at IS NULL
+) OR EXISTS (
+    SELECT 1 FROM runs WHERE app = :app AND queue = :queue AND state = 'queued'
+      AND ready_at <= :now
+) OR EXISTS (
+    SELECT 1 FROM runs WHERE app = :app AND queue = :queue AND state = 'waiting'
+      AND ready_at <= :now
+) AS ready;
+
+-- name: queue_lock
+-- The write transaction holds the database lock: a read is a locked read.
+SELECT *, rate_per / 1000000.0 AS rate_seconds FROM queues
+WHERE app = :app AND name = :name;
+
+-- name: queues_of_app
+SELECT *, rate_per / 1000000.0 AS rate_seconds FROM queues WHERE app = :app ORDER BY name;
+
+-- name: list_queues
+-- Waiting: queued for a slot (held back or not); parked runs hold none.
+SELECT q.*, q.rate_per / 1000000.0 AS rate_seconds,
+       (SELECT count(*) FROM runs AS r
+        WHERE r.app = q.app AND r.queue = q.name AND r.state = 'running') AS running,
+       (SELECT count(*) FROM runs AS r
+        WHERE r.app = q.app AND r.queue = q.name AND r.state = 'queued') AS waiting
+FROM queues AS q
+WHERE (:app IS NULL OR q.app = :app)
+ORDER BY q.app, q.name;
+
+-- name: queue_running
+-- The queue's running runs by key: lapsed leases hold their slot until recovered.
+SELECT queue_key, count(*) AS n FROM runs
+WHERE app = :app AND queue = :queue AND state = 'running'
+GROUP BY queue_key;
+
+-- name: queue_starts
+-- The queue's first claims within its rate's window, and the oldest of them.
+SELECT count(*) AS n, min(started_at) AS oldest FROM runs
+WHERE app = :app AND queue = :queue
+  AND started_at > :now - (SELECT rate_per FROM queues WHERE app = :app AND name = :queue);
+
+-- name: queue_candidates
+-- The queue's claimable runs, lowest priority number first and then in the
+-- order they became claimable; runs of the keys in :busy (at their per-key
+-- limit) are stepped over. One ordered index range per way a run becomes
+-- claimable, each cut at :limit.
+WITH wanted(workflow, version) AS (
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+    FROM json_each(:workflows)
+),
+busy(key) AS (SELECT value FROM json_each(:busy)),
+due(run_id, priority, due_at, created_at) AS (
+    SELECT * FROM (
+        SELECT run_id, priority, created_at, created_at FROM runs
+        WHERE app = :app AND queue = :queue AND state = 'queued' AND ready_at IS NULL
+          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+          AND (queue_key IS NULL OR queue_key NOT IN (SELECT key FROM busy))
+        ORDER BY priority, created_at LIMIT :limit
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT run_id, priority, ready_at, created_at FROM runs
+        WHERE app = :app AND queue = :queue AND state = 'queued' AND ready_at <= :now
+          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+          AND (queue_key IS NULL OR queue_key NOT IN (SELECT key FROM busy))
+        ORDER BY priority, ready_at LIMIT :limit
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT run_id, priority, ready_at, created_at FROM runs
+        WHERE app = :app AND queue = :queue AND state = 'waiting' AND ready_at <= :now
+          AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+          AND (queue_key IS NULL OR queue_key NOT IN (SELECT key FROM busy))
+        ORDER BY priority, ready_at LIMIT :limit
+    )
+)
+SELECT runs.* FROM due JOIN runs ON runs.run_id = due.run_id
+ORDER BY due.priority, due.due_at, due.created_at, due.run_id
+LIMIT :limit;
+
+-- name: queue_claim
+-- The candidates the queue's limits admit; started_at keeps the first claim.
+UPDATE runs SET
+    generation = generation + 1,
+    state = 'running',
+    worker = :worker,
+    lease_expires_at = :now + CAST(round(:lease_ttl * 1000000) AS INTEGER),
+    lease_ttl = CAST(round(:lease_ttl * 1000000) AS INTEGER),
+    ready_at = NULL,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now,
+    started_at = coalesce(started_at, :now)
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('queued', 'waiting')
+RETURNING *;

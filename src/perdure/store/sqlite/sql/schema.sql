@@ -41,14 +41,28 @@ CREATE TABLE runs (
     suspend_requested INTEGER NOT NULL DEFAULT 0,
     suspended_from TEXT,
     continued_as TEXT,
-    origin TEXT
+    origin TEXT,
+    queue TEXT,
+    queue_key TEXT,
+    priority INTEGER NOT NULL DEFAULT 0,
+    started_at INTEGER
 );
 
 -- Idempotent creation: one run per (app, key).
 CREATE UNIQUE INDEX runs_app_key ON runs (app, key) WHERE key IS NOT NULL;
 
 -- Claims: each claimable (state, ready_at) range is one ordered index scan.
-CREATE INDEX runs_claim ON runs (app, state, ready_at, created_at);
+-- Runs in a queue are claimed through runs_queue, under their queue's limits.
+CREATE INDEX runs_claim ON runs (app, state, ready_at, created_at) WHERE queue IS NULL;
+CREATE INDEX runs_queue ON runs (app, queue, state, ready_at, priority, created_at)
+    WHERE queue IS NOT NULL;
+
+-- Rate limits: a queue's starts within its window.
+CREATE INDEX runs_queue_starts ON runs (app, queue, started_at) WHERE started_at IS NOT NULL;
+
+-- The console's runs of one queue, newest first.
+CREATE INDEX runs_page_queue ON runs (app, queue, created_at, run_id)
+    WHERE queue IS NOT NULL;
 
 -- Sweeps: waiting runs whose ready_at passed, across apps.
 CREATE INDEX runs_waiting_ready ON runs (ready_at) WHERE state = 'waiting';
@@ -201,3 +215,16 @@ CREATE TABLE schedules (
 -- Deadline sweeps: only runs that can still pass theirs.
 CREATE INDEX runs_deadline ON runs (deadline)
     WHERE deadline IS NOT NULL AND state IN ('queued', 'running', 'waiting', 'suspended');
+
+-- One row per queue of an app: its limits (NULL: none). rate_per is microseconds.
+CREATE TABLE queues (
+    app TEXT NOT NULL,
+    name TEXT NOT NULL,
+    concurrency INTEGER,
+    per_key INTEGER,
+    rate_limit INTEGER,
+    rate_per INTEGER,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (app, name)
+);
