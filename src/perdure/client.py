@@ -101,6 +101,7 @@ def run_info(run: port.Run) -> records.RunInfo:
         key=run.key,
         parent_id=run.parent_id,
         cancel_requested=run.cancel_requested,
+        dry_run=run.dry_run,
     )
 
 
@@ -184,11 +185,13 @@ class Client(liveclient.LiveCalls):
         *,
         key: str | None = None,
         hint: Any = None,
+        dry_run: bool = False,
     ) -> RunHandle[Any]:
         """Create a run (or return the run already created under ``key``).
 
         A key names one start: the same workflow with the same inputs. Its
         version may differ, so a start repeated across a deploy stays idempotent.
+        A ``dry_run`` is claimed only by dry-run workers (``app.worker(dry_run=True)``).
 
         Raises:
             errors.KeyConflict: ``key`` names a run of another workflow or with
@@ -209,10 +212,11 @@ class Client(liveclient.LiveCalls):
             version=version,
             input=text,
             key=key,
+            dry_run=bool(dry_run),
         )
         run, created = self.store.create_run(new)
         if not created and not port.same_start(run, new):
-            raise errors.KeyConflict(str(key), run, workflow)
+            raise errors.KeyConflict(str(key), run, workflow, new.dry_run)
         return RunHandle[Any](self, run.run_id, hint, created=created)
 
     def handle(self, run_id: str, hint: Any = None) -> RunHandle[Any]:
@@ -238,16 +242,22 @@ class Client(liveclient.LiveCalls):
         return run_info(self._run(run_id))
 
     def runs(
-        self, state: str | None = None, workflow: str | None = None, limit: int = 100
+        self,
+        state: str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+        dry_run: bool | None = None,
     ) -> list[records.RunInfo]:
-        """Return the app's runs, newest first."""
+        """Return the app's runs, newest first; ``dry_run`` keeps only dry (or real) ones."""
         if state is not None and state not in port.RUN_STATES:
             raise errors.InvalidInput(
                 f"unknown state {state!r}; one of {', '.join(port.RUN_STATES)}"
             )
         if limit < 1:
             raise errors.InvalidInput(f"limit must be at least 1, got {limit}")
-        found = self.store.list_runs(self.app, state=state, workflow=workflow, limit=limit)
+        found = self.store.list_runs(
+            self.app, state=state, workflow=workflow, limit=limit, dry_run=dry_run
+        )
         return [run_info(r) for r in found]
 
     def result(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:

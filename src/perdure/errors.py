@@ -268,14 +268,16 @@ class KeyConflict(PerdureError):
 
     code = "key_conflict"
 
-    def __init__(self, key: str, found: Any, workflow: str) -> None:
+    def __init__(self, key: str, found: Any, workflow: str, dry_run: bool | None = None) -> None:
         self.key = key
         self.run_id: str = found.run_id
-        differs = (
-            f"workflow {found.workflow!r}, not {workflow!r}"
-            if found.workflow != workflow
-            else f"workflow {workflow!r} with other inputs"
-        )
+        found_dry = bool(getattr(found, "dry_run", False))
+        if found.workflow != workflow:
+            differs = f"workflow {found.workflow!r}, not {workflow!r}"
+        elif dry_run is not None and found_dry != dry_run:
+            differs = f"workflow {workflow!r} as a {'dry' if found_dry else 'real'} run"
+        else:
+            differs = f"workflow {workflow!r} with other inputs"
         super().__init__(
             f"key {key!r} already names run {found.run_id} of {differs}; a key names one "
             "start (the same workflow with the same inputs), so this start needs another key"

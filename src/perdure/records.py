@@ -30,6 +30,8 @@ class RunInfo:
     key: str | None = None
     parent_id: str | None = None
     cancel_requested: bool = False
+    # Claimed only by dry-run workers; its effectful steps are described, not performed.
+    dry_run: bool = False
 
     @property
     def done(self) -> bool:

@@ -91,6 +91,7 @@ class Worker:
         liveness: Literal["process", "thread"] = "process",
         store_url: str | None = None,
         telemetry: telemetry_api.Telemetry = telemetry_api.NONE,
+        dry_run: bool = False,
     ) -> None:
         validate_timing(lease_ttl, heartbeat)
         if grace < 0:
@@ -151,7 +152,9 @@ class Worker:
         self._schedule_specs: Callable[[], list[scheduleport.ScheduleSpec]] = getattr(
             registry, "schedule_specs", list
         )
-        self._scheduled = bool(self._schedule_specs())
+        # A dry-run worker claims dry runs only, and starts no scheduled (real) runs.
+        self.dry_run = dry_run
+        self._scheduled = not dry_run and bool(self._schedule_specs())
         self._schedules_saved = False
         self._started = False
 
@@ -383,6 +386,7 @@ class Worker:
                     lease_ttl=self.lease_ttl,
                     limit=free,
                     recover_until=self._clock_watch.recover_until(time.monotonic()),
+                    dry_run=self.dry_run,
                 )
             except Exception as exc:
                 failures += 1

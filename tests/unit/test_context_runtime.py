@@ -358,6 +358,7 @@ def _allowed(module: Any) -> set[str]:
     return {
         context: {
             "codec",
+            "dryrun",
             "errors",
             "journal",
             "live",

@@ -61,7 +61,7 @@ LAYERS: list[dict[str, set[str]]] = [
         }
     },
     {
-        "steps": {"perdure.steps"},
+        "steps": {"perdure.steps", "perdure.dryrun"},
         "client": {"perdure.client", "perdure.reads", "perdure.liveclient"},
     },
     {"context": {"perdure.context"}},

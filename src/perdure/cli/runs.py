@@ -37,6 +37,12 @@ from perdure.store import port
     help="Idempotency key: the same key with the same workflow and arguments returns the "
     "same run; with another workflow or other arguments the start is refused (exit 1).",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Start a dry run: only `perdure worker --dry-run` claims it, and its once and "
+    "idempotent steps are described in the journal, not performed.",
+)
 @click.option("--wait", is_flag=True, help="Wait for the run to end (a worker must be running).")
 @click.option(
     "--timeout",
@@ -52,6 +58,7 @@ def start(
     args_: list[Any] | None,
     kwargs_: dict[str, Any] | None,
     key: str | None,
+    dry_run: bool,
     wait: bool,
     timeout: float | None,
     store_url: str | None,
@@ -69,14 +76,15 @@ def start(
     if store_url:
         app.use_store(store_url)
     try:
-        handle = app.start(workflow, *(args_ or []), key=key, **(kwargs_ or {}))
+        flags: dict[str, Any] = {"dry_run": True} if dry_run else {}
+        handle = app.start(workflow, *(args_ or []), key=key, **flags, **(kwargs_ or {}))
         info = app.get(handle.run_id)
         if not wait:
             if as_json:
                 output.emit_json(output.run_doc(info, app.name))
             else:
                 click.echo(
-                    f"run {info.run_id} {info.state} "
+                    f"{'dry run' if info.dry_run else 'run'} {info.run_id} {info.state} "
                     f"(workflow {info.workflow} v{info.version}, app {app.name})"
                 )
             return
@@ -109,6 +117,12 @@ def start(
 )
 @click.option("--workflow", default=None, metavar="NAME", help="Only runs of this workflow.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--dry-run/--no-dry-run",
+    "dry_run",
+    default=None,
+    help="Only dry runs, or only real ones (default: both; a dry run's state says so).",
+)
 @common.read_options
 def runs(
     target: str | None,
@@ -116,6 +130,7 @@ def runs(
     state: str | None,
     workflow: str | None,
     limit: int,
+    dry_run: bool | None,
     store_url: str | None,
     as_json: bool,
 ) -> None:
@@ -130,7 +145,9 @@ def runs(
         apps = common.apps_in(store, name)
         found: list[tuple[str, records.RunInfo]] = []
         for app in apps:
-            listed = client_api.Client(store, app).runs(state=state, workflow=workflow, limit=limit)
+            listed = client_api.Client(store, app).runs(
+                state=state, workflow=workflow, limit=limit, dry_run=dry_run
+            )
             found += [(app, info) for info in listed]
         # An app named but empty: say which apps the store does have.
         known = store.apps() if name and not found else apps
@@ -153,7 +170,7 @@ def runs(
                 app,
                 i.workflow,
                 i.version,
-                i.state,
+                f"{i.state} (dry)" if i.dry_run else i.state,
                 str(i.attempt),
                 output.when(i.updated_at),
             ]
@@ -223,6 +240,8 @@ def show(run_id: str, history: bool, journal: bool, store_url: str | None, as_js
         ("key", info.key or "-"),
         ("parent", info.parent_id or "-"),
     ]
+    if info.dry_run:
+        rows.append(("dry run", "yes (once and idempotent steps are described, not performed)"))
     if children:
         rows.append(("children", ", ".join(f"{n} {s}" for s, n in sorted(children.items()))))
     if info.state == "succeeded":

@@ -53,6 +53,12 @@ from perdure.cli import common, output
     "or from a thread of the worker.",
 )
 @click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Claim only dry runs (started with --dry-run), and no other: their once and "
+    "idempotent steps are described in the journal, not performed.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -68,6 +74,7 @@ def worker(
     heartbeat: float,
     grace: float,
     liveness: str,
+    dry_run: bool,
     log_format: logs.LogFormat,
     store_url: str | None,
 ) -> None:
@@ -96,10 +103,12 @@ def worker(
             heartbeat=heartbeat,
             grace=grace,
             liveness=liveness,
+            dry_run=dry_run,
         )
         names = ", ".join(f"{n} v{v}" for n, v in app.workflow_versions()) or "none"
         click.echo(
-            f"worker {served.worker_id} serving app {app.name} on "
+            f"{'dry-run worker' if dry_run else 'worker'} {served.worker_id} "
+            f"serving app {app.name} on "
             f"{output.redact(app.store.url)} (workflows: {names}, pid {os.getpid()}); "
             "Ctrl-C to stop"
         )

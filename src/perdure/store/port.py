@@ -90,6 +90,7 @@ LEDGER_KINDS: frozenset[str] = frozenset(
         "step_started",
         "effect_started",
         "step_completed",
+        "step_described",
         "step_failed",
         "parked",
         "woken",
@@ -133,6 +134,8 @@ class NewRun:
     parent_id: str | None = None
     # A child's policy when its parent ends: "cancel", or None (it runs on).
     parent_close: str | None = None
+    # Claimed only by dry-run claims; a child of a dry run is dry whatever this says.
+    dry_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,8 @@ class Run:
     # The number of receipts the run keeps, fixed when it is created, so that
     # a process with another bound neither trims nor reads it by its own.
     ledger_limit: int = 256
+    # Claimed only by dry-run claims (see ``Store.claim``).
+    dry_run: bool = False
 
 
 def same_start(found: Run, new: NewRun) -> bool:
@@ -176,12 +181,12 @@ def same_start(found: Run, new: NewRun) -> bool:
     A key names one start: the same workflow with the same inputs (compared as
     JSON values, so the order of keyword arguments does not matter). The
     version may differ, so that a start repeated across a deploy still returns
-    the run it created.
+    the run it created. A dry start never names a real run, nor a real one a dry run.
 
     Raises:
         errors.CorruptState: the stored inputs are not JSON.
     """
-    if found.workflow != new.workflow:
+    if found.workflow != new.workflow or found.dry_run != new.dry_run:
         return False
     try:
         stored = json.loads(found.input)
@@ -418,8 +423,9 @@ class Store(Protocol):
         state: str | None = None,
         workflow: str | None = None,
         limit: int = 100,
+        dry_run: bool | None = None,
     ) -> list[Run]:
-        """Return the app's runs, newest first."""
+        """Return the app's runs, newest first (only dry ones, or none, if ``dry_run`` says)."""
         ...
 
     def child_counts(self, run_id: str) -> dict[str, int]:
@@ -445,8 +451,13 @@ class Store(Protocol):
         lease_ttl: float,
         limit: int = 1,
         recover_until: datetime | None = RECOVER_ANY,
+        dry_run: bool = False,
     ) -> list[Claimed]:
         """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed.
+
+        Only runs whose ``dry_run`` equals ``dry_run`` are candidates: an
+        ordinary claim never returns a dry run, and a dry-run claim returns
+        nothing else.
 
         Ready: ``queued`` with ``ready_at`` due or unset; ``waiting`` with
         ``ready_at`` due (a deadline passed); ``running`` whose lease expired

@@ -246,6 +246,7 @@ class Reader:
             ledger_limit=c.count("ledger_limit"),
             created_at=c.instant("created_at"),
             updated_at=c.instant("updated_at"),
+            dry_run=c.flag("dry_run"),
         )
 
     def entry(self, row: Row) -> port.JournalEntry:

@@ -83,6 +83,7 @@ class Transitions(abc.ABC, Generic[C]):
         ttl: float,
         limit: int,
         recover_until: datetime | None,
+        dry_run: bool = False,
     ) -> list[port.Claimed]:
         """Claim up to ``limit`` ready runs in this transaction, setting corrupt ones aside.
 
@@ -276,10 +277,22 @@ class Transitions(abc.ABC, Generic[C]):
         return None if row is None else self.read.run(row)
 
     def list_runs(
-        self, app: str, *, state: str | None = None, workflow: str | None = None, limit: int = 100
+        self,
+        app: str,
+        *,
+        state: str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+        dry_run: bool | None = None,
     ) -> list[port.Run]:
         """Return the app's runs, newest first."""
-        params = {"app": app, "state": state, "workflow": workflow, "limit": max(0, limit)}
+        params = {
+            "app": app,
+            "state": state,
+            "workflow": workflow,
+            "limit": max(0, limit),
+            "dry_run": dry_run,
+        }
         found = self._transact(
             lambda cur: self._exec(cur, "list_runs", **params).fetchall(), single=True
         )
@@ -323,6 +336,7 @@ class Transitions(abc.ABC, Generic[C]):
         lease_ttl: float,
         limit: int = 1,
         recover_until: datetime | None = port.RECOVER_ANY,
+        dry_run: bool = False,
     ) -> list[port.Claimed]:
         """Claim up to ``limit`` ready runs; a run whose rows fail validation is set aside.
 
@@ -335,7 +349,9 @@ class Transitions(abc.ABC, Generic[C]):
         if limit < 1 or not workflows:
             return []
         return self._transact(
-            lambda cur: self._claim(cur, app, worker, workflows, ttl, limit, recover_until)
+            lambda cur: self._claim(
+                cur, app, worker, workflows, ttl, limit, recover_until, dry_run=dry_run
+            )
         )
 
     def _quarantine(self, cur: C, run_id: str, exc: errors.CorruptState) -> None:

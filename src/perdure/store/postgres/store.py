@@ -198,6 +198,7 @@ class PostgresStore(
         ttl: float,
         limit: int,
         recover_until: datetime | None,
+        dry_run: bool = False,
     ) -> list[port.Claimed]:
         params: dict[str, Any] = {
             "app": app,
@@ -207,6 +208,7 @@ class PostgresStore(
             "lease_ttl": ttl,
             "limit": limit,
             "recover_until": recover_until,
+            "dry_run": dry_run,
         }
         exclude: list[str] = []
         while True:

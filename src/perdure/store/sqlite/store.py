@@ -199,10 +199,17 @@ class SqliteStore(
         ttl: float,
         limit: int,
         recover_until: datetime | None,
+        dry_run: bool = False,
     ) -> list[port.Claimed]:
         wanted = json.dumps([[name, version] for name, version in workflows])
         claimed: list[port.Claimed] = []
-        params = {"app": app, "workflows": wanted, "limit": limit, "recover_until": recover_until}
+        params = {
+            "app": app,
+            "workflows": wanted,
+            "limit": limit,
+            "recover_until": recover_until,
+            "dry_run": dry_run,
+        }
         for candidate in self._exec(cur, "claim", **params):
             cur.conn.execute("SAVEPOINT claim_once")
             try:

@@ -51,6 +51,7 @@ from __future__ import annotations
 from perdure.testing.conformance.census import CensusTests
 from perdure.testing.conformance.channels import ChannelTests
 from perdure.testing.conformance.claims import ClaimTests
+from perdure.testing.conformance.dryruns import DryRunTests
 from perdure.testing.conformance.finish import FinishTests
 from perdure.testing.conformance.harness import (
     Opener,
@@ -86,6 +87,7 @@ class StoreConformance(
     LifecycleTests,
     RunTests,
     ClaimTests,
+    DryRunTests,
     JournalTests,
     WaitTests,
     ChannelTests,

@@ -39,28 +39,31 @@ SELECT pg_notify('perdure_ready', app) FROM unnest(%(apps)s::text[]) AS app;
 -- A conflict on run_id or on (app, key) stores nothing; the caller reads back.
 INSERT INTO perdure.runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at
+    ledger_sequence, ledger_limit, created_at, updated_at, dry_run
 )
 VALUES (
     %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
     %(parent_id)s, 1, %(ledger_limit)s,
     coalesce(%(now)s::timestamptz, statement_timestamp()),
-    coalesce(%(now)s::timestamptz, statement_timestamp())
+    coalesce(%(now)s::timestamptz, statement_timestamp()),
+    %(dry_run)s
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
 
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
+-- A child of a dry run is dry.
 INSERT INTO perdure.runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, parent_close
+    ledger_sequence, ledger_limit, created_at, updated_at, parent_close, dry_run
 )
 SELECT c.run_id, c.app, c.workflow, c.version, 'queued', c.input, c.key, %(parent_id)s,
        1, %(ledger_limit)s,
        coalesce(%(now)s::timestamptz, statement_timestamp()),
        coalesce(%(now)s::timestamptz, statement_timestamp()),
-       c.parent_close
+       c.parent_close,
+       coalesce((SELECT dry_run FROM perdure.runs WHERE run_id = %(parent_id)s), false)
 FROM unnest(
     %(run_ids)s::text[], %(apps)s::text[], %(workflows)s::text[],
     %(versions)s::text[], %(inputs)s::text[], %(keys)s::text[], %(parent_closes)s::text[]
@@ -92,6 +95,7 @@ SELECT * FROM perdure.runs
 WHERE app = %(app)s
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(dry_run)s::boolean IS NULL OR dry_run = %(dry_run)s::boolean)
 ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;
 
@@ -133,6 +137,8 @@ SELECT * FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY 
 -- One ordered, SKIP LOCKED index range per way a run becomes claimable, each
 -- cut at the limit, so workers step over each other's candidates and a large
 -- backlog costs no sort. Rows locked here but not picked stay untouched.
+-- A dry run is claimed only by a dry-run claim, checked on the row each
+-- range already reads.
 WITH wanted AS (
     SELECT * FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS w(workflow, version)
 ), fresh AS (
@@ -140,6 +146,7 @@ WITH wanted AS (
            generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'queued' AND ready_at IS NULL
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND dry_run = %(dry_run)s
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY created_at
     LIMIT %(limit)s
@@ -150,6 +157,7 @@ WITH wanted AS (
     WHERE app = %(app)s AND state = 'queued'
       AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND dry_run = %(dry_run)s
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY ready_at
     LIMIT %(limit)s
@@ -160,6 +168,7 @@ WITH wanted AS (
     WHERE app = %(app)s AND state = 'waiting'
       AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND dry_run = %(dry_run)s
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY ready_at
     LIMIT %(limit)s
@@ -173,6 +182,7 @@ WITH wanted AS (
       AND coalesce(%(now)s::timestamptz, statement_timestamp())
           <= %(recover_until)s::timestamptz
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND dry_run = %(dry_run)s
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY lease_expires_at
     LIMIT %(limit)s

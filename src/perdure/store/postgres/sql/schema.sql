@@ -39,6 +39,8 @@ CREATE TABLE perdure.runs (
     ledger_limit integer NOT NULL DEFAULT 256,
     -- 'cancel' if the run is canceled when its parent ends; NULL: it runs on.
     parent_close text,
+    -- true if only dry-run workers claim it (once and idempotent steps are described).
+    dry_run boolean NOT NULL DEFAULT false,
     -- Idempotent creation: one run per (app, key); runs without a key never collide.
     CONSTRAINT runs_app_key UNIQUE (app, key)
 );

@@ -23,11 +23,11 @@ INSERT INTO perdure_schema (version, applied_at) VALUES (:version, :now);
 -- Conflicts on run_id or on (app, key) store nothing; the caller reads back.
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at
+    ledger_sequence, ledger_limit, created_at, updated_at, dry_run
 )
 VALUES (
     :run_id, :app, :workflow, :version, 'queued', :input, :key, :parent_id,
-    1, :ledger_limit, :now, :now
+    1, :ledger_limit, :now, :now, :dry_run
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -35,13 +35,15 @@ RETURNING *;
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
 -- :batch rows are [run_id, app, workflow, version, input, key, parent_close].
+-- A child of a dry run is dry.
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, parent_close
+    ledger_sequence, ledger_limit, created_at, updated_at, parent_close, dry_run
 )
 SELECT json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'), 'queued',
        json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), :parent_id, 1, :ledger_limit, :now, :now,
-       json_extract(b.value, '$[6]')
+       json_extract(b.value, '$[6]'),
+       coalesce((SELECT dry_run FROM runs WHERE run_id = :parent_id), 0)
 FROM json_each(:batch) AS b
 WHERE true
 ON CONFLICT DO NOTHING
@@ -69,6 +71,7 @@ SELECT * FROM runs
 WHERE app = :app
   AND (:state IS NULL OR state = :state)
   AND (:workflow IS NULL OR workflow = :workflow)
+  AND (:dry_run IS NULL OR dry_run = :dry_run)
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
 
@@ -112,7 +115,8 @@ ORDER BY run_id, at, name;
 -- name: claim
 -- One ordered index range per way a run becomes claimable, each cut at
 -- :limit, so a large backlog costs no sort. Ordered by the instant since
--- which each run has been claimable.
+-- which each run has been claimable. A dry run is claimed only by a dry-run
+-- claim (:dry_run), checked on the row each range already reads.
 WITH wanted(workflow, version) AS (
     SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
     FROM json_each(:workflows)
@@ -121,6 +125,7 @@ due(run_id, state, due_at, created_at) AS (
     SELECT * FROM (
         SELECT run_id, state, created_at, created_at FROM runs
         WHERE app = :app AND state = 'queued' AND ready_at IS NULL
+          AND dry_run = :dry_run
           AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY created_at LIMIT :limit
     )
@@ -128,6 +133,7 @@ due(run_id, state, due_at, created_at) AS (
     SELECT * FROM (
         SELECT run_id, state, ready_at, created_at FROM runs
         WHERE app = :app AND state = 'queued' AND ready_at <= :now
+          AND dry_run = :dry_run
           AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY ready_at LIMIT :limit
     )
@@ -135,6 +141,7 @@ due(run_id, state, due_at, created_at) AS (
     SELECT * FROM (
         SELECT run_id, state, ready_at, created_at FROM runs
         WHERE app = :app AND state = 'waiting' AND ready_at <= :now
+          AND dry_run = :dry_run
           AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY ready_at LIMIT :limit
     )
@@ -144,6 +151,7 @@ due(run_id, state, due_at, created_at) AS (
         WHERE app = :app AND state = 'running' AND lease_expires_at <= :now
           -- A lapse counts only while the caller trusts this clock (NULL: never).
           AND :now <= :recover_until
+          AND dry_run = :dry_run
           AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY lease_expires_at LIMIT :limit
     )

@@ -11,6 +11,7 @@ CREATE TABLE perdure_schema (
 
 -- ledger_limit: how many provenance receipts the run keeps, fixed when it is created.
 -- parent_close: 'cancel' if the run is canceled when its parent ends; NULL: it runs on.
+-- dry_run: 1 if only dry-run workers claim it (once and idempotent steps are described).
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     app TEXT NOT NULL,
@@ -34,7 +35,8 @@ CREATE TABLE runs (
     updated_at INTEGER NOT NULL,
     lease_ttl INTEGER,
     ledger_limit INTEGER NOT NULL DEFAULT 256,
-    parent_close TEXT
+    parent_close TEXT,
+    dry_run INTEGER NOT NULL DEFAULT 0
 );
 
 -- Idempotent creation: one run per (app, key).
