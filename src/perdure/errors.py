@@ -20,6 +20,7 @@ The tree::
     ├── RunFinished                          run_finished
     ├── RunNotFinished                       run_not_finished
     ├── KeyConflict                          key_conflict
+    ├── OwnershipConflict                    ownership_conflict (another worker serves the app)
     ├── EffectUnsettled                      effect_unsettled
     ├── RunFailed                            (the run's own error code)
     ├── ResultTimeout                        result_timeout
@@ -85,6 +86,7 @@ __all__ = [
     "NonDeterminism",
     "NotCanceled",
     "NotResolvable",
+    "OwnershipConflict",
     "PayloadTooLarge",
     "PerdureError",
     "QueryFailed",
@@ -281,6 +283,34 @@ class KeyConflict(PerdureError):
         super().__init__(
             f"key {key!r} already names run {found.run_id} of {differs}; a key names one "
             "start (the same workflow with the same inputs), so this start needs another key"
+        )
+
+
+class OwnershipConflict(PerdureError):
+    """Another worker serves the app with a posture this worker may not share it with."""
+
+    code = "ownership_conflict"
+
+    def __init__(
+        self,
+        app: str,
+        worker: str,
+        posture: str,
+        holder: str,
+        held_posture: str,
+        expires_in: float,
+    ) -> None:
+        self.app = app
+        self.worker = worker
+        self.posture = posture
+        self.holder = holder
+        self.held_posture = held_posture
+        self.expires_in = expires_in
+        super().__init__(
+            f"worker {worker} (ownership {posture}) cannot serve app {app}: worker {holder} "
+            f"serves it with ownership {held_posture}, and its record holds for another "
+            f"{max(0.0, expires_in):.1f}s; stop that worker, or wait for its record to "
+            "expire if it is gone"
         )
 
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from perdure import clockwatch, context, errors, keeper, schedules
 from perdure import execution as execution_api
+from perdure import ownership as ownership_api
 from perdure import telemetry as telemetry_api
 from perdure.registry import Registry, WorkflowDef
 from perdure.store import port, retention, scheduleport
@@ -92,8 +93,10 @@ class Worker:
         store_url: str | None = None,
         telemetry: telemetry_api.Telemetry = telemetry_api.NONE,
         dry_run: bool = False,
+        ownership: str = "run-lease",
     ) -> None:
         validate_timing(lease_ttl, heartbeat)
+        posture = ownership_api.posture(ownership)
         if grace < 0:
             raise errors.InvalidInput(f"grace must be at least 0 seconds, got {grace}")
         if liveness not in ("process", "thread"):
@@ -119,7 +122,14 @@ class Worker:
         # The keeper reopens the store by URL; a store handed over as an object
         # (a wrapper, an injected clock) can only be renewed from here.
         self.liveness: Literal["process", "thread"] = (
-            "process" if liveness == "process" and store_url else "thread"
+            "process" if liveness == "process" and store_url and posture != "none" else "thread"
+        )
+        # Under "none" no run lease is renewed: runs are claimed for good, and
+        # only the app's owner record is kept alive (see perdure.ownership).
+        self.ownership = posture
+        self._claim_ttl = ownership_api.UNRENEWED_LEASE if posture == "none" else lease_ttl
+        self._owner = ownership_api.AppOwner(
+            store, registry.name, posture, self.worker_id, lease_ttl
         )
         self._keeper: keeper.Keeper | None = None
         if self.liveness == "process" and store_url:
@@ -168,10 +178,20 @@ class Worker:
         """Block up to ``timeout`` seconds or until the worker stops; return whether it does."""
         return self._stop_event.wait(timeout)
 
+    def acquire(self) -> None:
+        """Take the app's owner record now (``start`` does it if this did not).
+
+        Raises:
+            errors.OwnershipConflict: a worker of another posture serves the
+                app, or, under ``none``, any other worker.
+        """
+        self._owner.acquire()
+
     def start(self) -> Worker:
         """Start serving in background threads; return self."""
         if self._started:
             return self
+        self._owner.acquire()
         self._started = True
         # Start listening for ready runs now, so no notification sent before the
         # first idle wait is missed.
@@ -245,6 +265,7 @@ class Worker:
             self._threads[2].join(self.heartbeat + 1)
         if self._keeper is not None:
             self._keeper.close()
+        self._owner.release()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._loop.stop)
             # A loop left open is finalized at interpreter exit, after its
@@ -383,7 +404,7 @@ class Worker:
                     self.registry.name,
                     self.worker_id,
                     self.registry.workflow_versions(),
-                    lease_ttl=self.lease_ttl,
+                    lease_ttl=self._claim_ttl,
                     limit=free,
                     recover_until=self._clock_watch.recover_until(time.monotonic()),
                     dry_run=self.dry_run,
@@ -522,8 +543,14 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         warned = False
         while not self._halt.wait(self.heartbeat):
+            if not self._owner.renew():
+                # Another worker took the app over: its claims fence this one's
+                # runs off; stop claiming, and stop their steps at once.
+                self.stop_now()
             kept = self._keeper
-            if kept is not None and kept.ready.is_set() and kept.alive:
+            if self.ownership == "none":
+                pass  # no run lease to renew
+            elif kept is not None and kept.ready.is_set() and kept.alive:
                 kept.beat()
             else:
                 if kept is not None and kept.ready.is_set() and not warned:

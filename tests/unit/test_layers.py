@@ -43,6 +43,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.retention",
             "perdure.store.liveport",
             "perdure.store.scheduleport",
+            "perdure.store.ownerport",
         }
     },
     {
@@ -69,6 +70,7 @@ LAYERS: list[dict[str, set[str]]] = [
     {
         "execution": {"perdure.execution"},
         "keeper": {"perdure.keeper"},
+        "ownership": {"perdure.ownership"},
         "check": {"perdure.check"},
     },
     {"worker": {"perdure.worker"}},

@@ -53,6 +53,14 @@ from perdure.cli import common, output
     "or from a thread of the worker.",
 )
 @click.option(
+    "--ownership",
+    type=click.Choice(["run-lease", "none"]),
+    default="run-lease",
+    show_default=True,
+    help="run-lease: any number of workers, each run leased and renewed; none: this "
+    "worker alone serves the app (any other worker is refused), with no run lease to renew.",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Claim only dry runs (started with --dry-run), and no other: their once and "
@@ -74,6 +82,7 @@ def worker(
     heartbeat: float,
     grace: float,
     liveness: str,
+    ownership: str,
     dry_run: bool,
     log_format: logs.LogFormat,
     store_url: str | None,
@@ -104,7 +113,9 @@ def worker(
             grace=grace,
             liveness=liveness,
             dry_run=dry_run,
+            ownership=ownership,
         )
+        served.acquire()  # refused before it says it serves
         names = ", ".join(f"{n} v{v}" for n, v in app.workflow_versions()) or "none"
         click.echo(
             f"{'dry-run worker' if dry_run else 'worker'} {served.worker_id} "

@@ -42,6 +42,7 @@ from perdure.store import (
     live,
     liveport,
     overview,
+    owners,
     port,
     rows,
     scheduling,
@@ -75,6 +76,7 @@ class PostgresStore(
     census.Census[Cursor],
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],
+    owners.OwnerTransitions[Cursor],
 ):
     """The port on PostgreSQL (see the module docstring)."""
 

@@ -34,6 +34,7 @@ from perdure.store import (
     live,
     liveport,
     overview,
+    owners,
     port,
     rows,
     scheduling,
@@ -66,6 +67,7 @@ class SqliteStore(
     census.Census[Cursor],
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],
+    owners.OwnerTransitions[Cursor],
 ):
     """A :class:`port.Store` on one SQLite database file."""
 

@@ -66,6 +66,7 @@ from perdure.testing.conformance.lifecycle import LifecycleTests
 from perdure.testing.conformance.live import LiveTests
 from perdure.testing.conformance.operators import OperatorTests
 from perdure.testing.conformance.overview import OverviewTests
+from perdure.testing.conformance.owners import OwnerTests
 from perdure.testing.conformance.retention import RetentionTests
 from perdure.testing.conformance.runs import RunTests
 from perdure.testing.conformance.schedules import ScheduleTests
@@ -102,6 +103,7 @@ class StoreConformance(
     LiveTests,
     CensusTests,
     OverviewTests,
+    OwnerTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 

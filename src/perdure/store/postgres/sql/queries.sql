@@ -987,3 +987,46 @@ UPDATE perdure.schedules SET
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE app = %(app)s AND name = %(name)s
 RETURNING *;
+
+-- name: owner_lock
+SELECT posture, holder, generation,
+       lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp()) AS expired,
+       extract(epoch FROM lease_expires_at
+           - coalesce(%(now)s::timestamptz, statement_timestamp()))::float8 AS expires_in
+FROM perdure.app_owners WHERE app = %(app)s
+FOR UPDATE;
+
+-- name: owner_insert
+INSERT INTO perdure.app_owners (app, posture, holder, lease_expires_at, generation, updated_at)
+VALUES (
+    %(app)s, %(posture)s, %(holder)s,
+    coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(ttl)s::float8),
+    1, coalesce(%(now)s::timestamptz, statement_timestamp())
+)
+ON CONFLICT (app) DO NOTHING
+RETURNING generation;
+
+-- name: owner_update
+UPDATE perdure.app_owners SET
+    posture = %(posture)s,
+    holder = %(holder)s,
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+        + make_interval(secs => %(ttl)s::float8),
+    generation = generation + %(takeover)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE app = %(app)s
+RETURNING generation;
+
+-- name: owner_lapse
+-- The runs an expired holder left in flight lapse now, under a new
+-- generation: the holder's writes are fenced off, and the ordinary claim
+-- recovers them.
+UPDATE perdure.runs SET
+    generation = generation + 1,
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE app = %(app)s AND state = 'running' AND worker = %(holder)s
+RETURNING run_id;
+
+-- name: owner_drop
+DELETE FROM perdure.app_owners WHERE app = %(app)s AND holder = %(holder)s;

@@ -198,3 +198,13 @@ CREATE TABLE perdure.schedules (
     updated_at timestamptz NOT NULL,
     PRIMARY KEY (app, name)
 );
+
+-- The ownership posture serving each app, its holder and until when it holds.
+CREATE TABLE perdure.app_owners (
+    app text PRIMARY KEY,
+    posture text NOT NULL,
+    holder text NOT NULL,
+    lease_expires_at timestamptz NOT NULL,
+    generation bigint NOT NULL,
+    updated_at timestamptz NOT NULL
+);

@@ -801,3 +801,39 @@ UPDATE schedules SET
     updated_at = :now
 WHERE app = :app AND name = :name
 RETURNING *;
+
+-- name: owner_lock
+-- The write transaction holds the database lock: a read is a locked read.
+SELECT posture, holder, generation, lease_expires_at <= :now AS expired,
+       (lease_expires_at - :now) / 1000000.0 AS expires_in
+FROM app_owners WHERE app = :app;
+
+-- name: owner_insert
+INSERT INTO app_owners (app, posture, holder, lease_expires_at, generation, updated_at)
+VALUES (:app, :posture, :holder, :now + CAST(round(:ttl * 1000000) AS INTEGER), 1, :now)
+ON CONFLICT (app) DO NOTHING
+RETURNING generation;
+
+-- name: owner_update
+UPDATE app_owners SET
+    posture = :posture,
+    holder = :holder,
+    lease_expires_at = :now + CAST(round(:ttl * 1000000) AS INTEGER),
+    generation = generation + :takeover,
+    updated_at = :now
+WHERE app = :app
+RETURNING generation;
+
+-- name: owner_lapse
+-- The runs an expired holder left in flight lapse now, under a new
+-- generation: the holder's writes are fenced off, and the ordinary claim
+-- recovers them.
+UPDATE runs SET
+    generation = generation + 1,
+    lease_expires_at = :now,
+    updated_at = :now
+WHERE app = :app AND state = 'running' AND worker = :holder
+RETURNING run_id;
+
+-- name: owner_drop
+DELETE FROM app_owners WHERE app = :app AND holder = :holder;

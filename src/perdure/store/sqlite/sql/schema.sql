@@ -186,3 +186,13 @@ CREATE TABLE schedules (
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (app, name)
 );
+
+-- The ownership posture serving each app, its holder and until when it holds.
+CREATE TABLE app_owners (
+    app TEXT PRIMARY KEY,
+    posture TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    lease_expires_at INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
