@@ -94,6 +94,8 @@ class Worker:
         telemetry: telemetry_api.Telemetry = telemetry_api.NONE,
         dry_run: bool = False,
         ownership: str = "run-lease",
+        lease_wait: float = 60.0,
+        standby: bool = True,
     ) -> None:
         validate_timing(lease_ttl, heartbeat)
         posture = ownership_api.posture(ownership)
@@ -129,7 +131,13 @@ class Worker:
         self.ownership = posture
         self._claim_ttl = ownership_api.UNRENEWED_LEASE if posture == "none" else lease_ttl
         self._owner = ownership_api.AppOwner(
-            store, registry.name, posture, self.worker_id, lease_ttl
+            store,
+            registry.name,
+            posture,
+            self.worker_id,
+            lease_ttl,
+            lease_wait=lease_wait,
+            standby=standby,
         )
         self._keeper: keeper.Keeper | None = None
         if self.liveness == "process" and store_url:
@@ -186,6 +194,11 @@ class Worker:
                 app, or, under ``none``, any other worker.
         """
         self._owner.acquire()
+
+    @property
+    def standing_by(self) -> bool:
+        """Whether this store-lease worker waits for another to give the app up."""
+        return self.ownership == "store-lease" and self._owner.held is None
 
     def start(self) -> Worker:
         """Start serving in background threads; return self."""
@@ -306,8 +319,9 @@ class Worker:
                     self.worker_id,
                 )
             if execution.lost is None:
-                # Hand it over now rather than after the lease lapses.
-                with contextlib.suppress(Exception):
+                # Hand it over now rather than after the lease lapses; a claim
+                # already fenced off (StaleClaim is an Interrupt) has nothing to hand.
+                with contextlib.suppress(Exception, errors.LeaseLost):
                     self.store.release(claim, delay=0, failed=False)
         return [execution.claim.run_id for execution in left]
 
@@ -379,6 +393,10 @@ class Worker:
 
     def _claim_loop(self) -> None:
         self._await_keeper()
+        if self.ownership == "store-lease" and not self._owner.stand_by(
+            self._stop_event, self._watch_clock
+        ):
+            return
         last_sweep = 0.0
         failures = 0
         while not self._stop_event.is_set():
@@ -400,15 +418,23 @@ class Worker:
                     last_sweep = time.monotonic()
                     self.store.sweep()
                     self._prune()
-                claimed = self.store.claim(
-                    self.registry.name,
-                    self.worker_id,
+                claimed = self._owner.claim(
+                    self.store,
                     self.registry.workflow_versions(),
                     lease_ttl=self._claim_ttl,
                     limit=free,
                     recover_until=self._clock_watch.recover_until(time.monotonic()),
                     dry_run=self.dry_run,
                 )
+            except errors.OwnershipConflict as exc:
+                if exc.holder != self.worker_id:
+                    # Taken over: the new holder's takeover fenced this one's runs off.
+                    log.error("worker %s lost app %s: %s", self.worker_id, exc.app, exc)
+                    self.stop_now()
+                    return
+                # Its own record lapsed (a renewal is late): claim again once renewed.
+                self._stop_event.wait(self.poll_interval)
+                continue
             except Exception as exc:
                 failures += 1
                 # Back off while the store keeps failing: an outage or a damaged

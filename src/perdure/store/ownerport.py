@@ -12,10 +12,13 @@ them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
 from perdure import errors
+from perdure.store import port
 
 Posture = Literal["run-lease", "store-lease", "none"]
 POSTURES: tuple[Posture, ...] = ("run-lease", "store-lease", "none")
@@ -70,3 +73,29 @@ def require(store: object) -> OwnerStore:
             "run-lease posture can serve on it"
         )
     return store
+
+
+@runtime_checkable
+class OwnedClaims(Protocol):
+    """Claims fenced by the app's owner record (the ``store-lease`` posture)."""
+
+    def claim_owned(
+        self,
+        owned: Ownership,
+        workflows: Sequence[tuple[str, str]],
+        *,
+        lease_ttl: float,
+        limit: int = 1,
+        recover_until: datetime | None = port.RECOVER_ANY,
+        dry_run: bool = False,
+    ) -> list[port.Claimed]:
+        """Claim as :meth:`port.Store.claim` does, only while ``owned`` is the live record.
+
+        The record is checked in the claim's own transaction: a worker whose
+        record expired or was taken over claims nothing.
+
+        Raises:
+            errors.OwnershipConflict: the record is another holder's, of
+                another generation, or expired.
+        """
+        ...

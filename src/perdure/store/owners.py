@@ -7,10 +7,12 @@ under "App owners".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import TypeVar
 
 from perdure import errors
-from perdure.store import ownerport, transitions
+from perdure.store import ownerport, port, transitions
 
 C = TypeVar("C")
 
@@ -69,3 +71,41 @@ class OwnerTransitions(transitions.Transitions[C]):
     def disown(self, app: str, holder: str) -> None:
         """Delete the app's record if ``holder`` holds it."""
         self._transact(lambda cur: self._exec(cur, "owner_drop", app=app, holder=holder))
+
+    def claim_owned(
+        self,
+        owned: ownerport.Ownership,
+        workflows: Sequence[tuple[str, str]],
+        *,
+        lease_ttl: float,
+        limit: int = 1,
+        recover_until: datetime | None = port.RECOVER_ANY,
+        dry_run: bool = False,
+    ) -> list[port.Claimed]:
+        """Claim only while ``owned`` is the app's live record (see ownerport.OwnedClaims)."""
+        ttl = transitions.seconds(lease_ttl, "lease_ttl", positive=True)
+        if limit < 1 or not workflows:
+            return []
+        app, holder = owned.app, owned.holder
+
+        def work(cur: C) -> list[port.Claimed]:
+            found = self._exec(cur, "owner_lock", app=app).fetchone()
+            if (
+                found is None
+                or found["holder"] != holder
+                or int(found["generation"]) != owned.generation
+                or found["expired"]
+            ):
+                raise errors.OwnershipConflict(
+                    app,
+                    holder,
+                    owned.posture,
+                    "nobody" if found is None else found["holder"],
+                    "none" if found is None else found["posture"],
+                    0.0 if found is None else float(found["expires_in"]),
+                )
+            return self._claim(
+                cur, app, holder, workflows, ttl, limit, recover_until, dry_run=dry_run
+            )
+
+        return self._transact(work)
