@@ -573,6 +573,9 @@ class App(timetable.Timetable):
         ``grace`` (seconds, default 30) bounds how long a stopping worker lets
         in-flight steps finish; ``liveness="thread"`` renews leases from a
         thread of this process instead of the keeper process.
+        ``ownership`` is ``"run-lease"`` (default), ``"store-lease"`` (with
+        ``lease_wait`` and ``standby``) or ``"none"`` (docs/howto/postures.md);
+        ``dry_run=True`` makes a worker that claims dry runs only.
 
         Raises:
             errors.LeaseTimingInvalid: (a ValueError) when ``heartbeat`` is not
