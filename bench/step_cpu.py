@@ -7,6 +7,9 @@ against two checkouts in alternation::
 
     PYTHONPATH=src .venv/bin/python bench/step_cpu.py 300
     PYTHONPATH=../before/src .venv/bin/python bench/step_cpu.py 300
+
+$OWNERSHIP picks the worker's posture (default run-lease; none: no keeper and
+no lease renewal).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ def main() -> None:
         return k
 
     _ = app.store
-    with app.worker():
+    with app.worker(ownership=os.environ.get("OWNERSHIP", "run-lease")):
         for _ in range(10):
             app.start("ten_steps", 10).result(timeout=60)
         wall, cpu = time.perf_counter(), time.process_time()

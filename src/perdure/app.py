@@ -276,6 +276,7 @@ class App(timetable.Timetable, queues.Queues):
         effect: effects.Effect = "idempotent",
         retry: effects.Retry | None = None,
         timeout: timedelta | float | None = None,
+        dry_run: Callable[..., Any] | None = None,
     ) -> Callable[[F], F]: ...
 
     def step(
@@ -287,6 +288,7 @@ class App(timetable.Timetable, queues.Queues):
         effect: effects.Effect = "idempotent",
         retry: effects.Retry | None = None,
         timeout: timedelta | float | None = None,
+        dry_run: Callable[..., Any] | None = None,
     ) -> F | Callable[[F], F]:
         """Declare a step: inside a workflow, a call to it is journaled.
 
@@ -295,13 +297,20 @@ class App(timetable.Timetable, queues.Queues):
         An attempt that runs past ``timeout`` fails with
         :class:`~perdure.StepTimedOut` (a sync step's thread runs on; its late
         result is discarded). Outside a workflow the function runs as a plain call.
+        In a dry run an ``idempotent`` or ``once`` step is not called: it
+        returns ``dry_run(*args, **kwargs)`` (a plain function), or ``None``.
         """
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        _check_stub(dry_run)
 
         def declare(target: F) -> F:
             step_name = codec.check_text("a step name", name or target.__name__, limit=200)
             opts = effects.StepOptions(
-                step_name, effect, retry or effects.DEFAULT_RETRY, timeout=seconds
+                step_name,
+                effect,
+                retry or effects.DEFAULT_RETRY,
+                timeout=seconds,
+                dry_run=dry_run,
             )
             return _wrap(target, opts, transactional=False)
 
@@ -312,25 +321,31 @@ class App(timetable.Timetable, queues.Queues):
 
     @overload
     def transaction(
-        self, name: str | None = None
+        self, name: str | None = None, *, dry_run: Callable[..., Any] | None = None
     ) -> Callable[[Callable[Concatenate[Any, P], R]], Callable[P, R]]: ...
 
-    def transaction(self, name: str | Callable[..., Any] | None = None) -> Any:
+    def transaction(
+        self, name: str | Callable[..., Any] | None = None, *, dry_run: Any = None
+    ) -> Any:
         """Declare a transactional step: ``fn(connection, ...)`` runs in the step's own commit.
 
         Use it as ``@app.transaction``, ``@app.transaction()`` or
         ``@app.transaction("name")``. The connection is the store's
         (``sqlite3.Connection`` or psycopg's); its writes and the journal entry
-        commit together or not at all.
+        commit together or not at all. In a dry run it is not called: it
+        returns ``dry_run(*args, **kwargs)`` (without the connection), or ``None``.
         """
         if callable(name):
             return self.transaction(None)(name)
         if name is not None and not isinstance(name, str):
             raise errors.InvalidInput(f"a transaction step name must be a string, got {name!r}")
+        _check_stub(dry_run)
 
         def declare(target: Callable[Concatenate[Any, P], R]) -> Callable[P, R]:
             step_name = codec.check_text("a step name", name or target.__name__, limit=200)
-            opts = effects.StepOptions(step_name, "pure", effects.NO_RETRY, transactional=True)
+            opts = effects.StepOptions(
+                step_name, "pure", effects.NO_RETRY, transactional=True, dry_run=dry_run
+            )
             # Callers leave out the connection; the engine passes it in.
             return cast(Callable[P, R], _wrap(target, opts, transactional=True))
 
@@ -369,7 +384,13 @@ class App(timetable.Timetable, queues.Queues):
     # checkers: a ParamSpec admits no keyword of its own next to P.kwargs.
     @overload
     def start(
-        self, workflow: registry.Workflow[P, R], /, *args: Any, key: str | None, **kwargs: Any
+        self,
+        workflow: registry.Workflow[P, R],
+        /,
+        *args: Any,
+        key: str | None,
+        dry_run: bool = False,
+        **kwargs: Any,
     ) -> client_api.RunHandle[R]: ...
 
     # Likewise with a queue: the run's queue, key and priority travel as keywords.
@@ -388,7 +409,24 @@ class App(timetable.Timetable, queues.Queues):
 
     @overload
     def start(
-        self, workflow: str, /, *args: Any, key: str | None = None, **kwargs: Any
+        self,
+        workflow: registry.Workflow[P, R],
+        /,
+        *args: Any,
+        dry_run: bool,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> client_api.RunHandle[R]: ...
+
+    @overload
+    def start(
+        self,
+        workflow: str,
+        /,
+        *args: Any,
+        key: str | None = None,
+        dry_run: bool = False,
+        **kwargs: Any,
     ) -> client_api.RunHandle[Any]: ...
 
     def start(
@@ -397,12 +435,17 @@ class App(timetable.Timetable, queues.Queues):
         /,
         *args: Any,
         key: Any = None,
+        dry_run: Any = False,
         **kwargs: Any,
     ) -> client_api.RunHandle[Any]:
         """Start a run of ``workflow`` (a registered workflow or its name).
 
         The arguments are checked against the workflow's signature and type
         hints here, so a bad call is refused before anything is stored.
+        ``dry_run=True`` starts a dry run: only ``app.worker(dry_run=True)``
+        claims it, and its effectful steps are described, not performed. A
+        workflow with a parameter named ``dry_run`` takes the keyword as its
+        argument (as with ``key``).
 
         Raises:
             errors.WorkflowNotFound: no such workflow is registered.
@@ -417,10 +460,19 @@ class App(timetable.Timetable, queues.Queues):
         key, kwargs = registry.split_key(wf, workflow, key, kwargs)
         # deadline= is the run's, unless the workflow takes an argument of that name.
         deadline = None if "deadline" in wf.params else kwargs.pop("deadline", None)
+        dry, kwargs = registry.split_dry_run(wf, dry_run, kwargs)
         placed = self.placement(wf, kwargs)
         registry.check_arguments(wf, args, kwargs)
         return self.client.start(
-            name, version, args, kwargs, key=key, hint=hint, deadline=deadline, **placed
+            name,
+            version,
+            args,
+            kwargs,
+            key=key,
+            hint=hint,
+            deadline=deadline,
+            dry_run=dry,
+            **placed,
         )
 
     def handle(self, run_id: str) -> client_api.RunHandle[Any]:
@@ -581,6 +633,9 @@ class App(timetable.Timetable, queues.Queues):
         ``grace`` (seconds, default 30) bounds how long a stopping worker lets
         in-flight steps finish; ``liveness="thread"`` renews leases from a
         thread of this process instead of the keeper process.
+        ``ownership`` is ``"run-lease"`` (default), ``"store-lease"`` (with
+        ``lease_wait`` and ``standby``) or ``"none"`` (docs/howto/postures.md);
+        ``dry_run=True`` makes a worker that claims dry runs only.
 
         Raises:
             errors.LeaseTimingInvalid: (a ValueError) when ``heartbeat`` is not
@@ -608,6 +663,13 @@ class App(timetable.Timetable, queues.Queues):
             # Its schedules' next tick is judged by the store's clock, which just moved.
             subscribe(made.clock_moved)
         return made
+
+
+def _check_stub(stub: Any) -> None:
+    if stub is not None and (not callable(stub) or inspect.iscoroutinefunction(stub)):
+        raise errors.InvalidInput(
+            f"a step's dry_run= is a plain function called with the step's arguments, got {stub!r}"
+        )
 
 
 def _wrap(fn: F, opts: effects.StepOptions, *, transactional: bool) -> F:

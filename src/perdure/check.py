@@ -276,6 +276,7 @@ def check_run(
         runtime=ReplayRuntime(reg, cursor),
         cursor=cursor,
         asynchronous=wf.is_async,
+        dry_run=run.dry_run,
     )
     try:
         _invoke(wf, ctx, args, kwargs)

@@ -116,6 +116,7 @@ def run_info(run: port.Run, opener: Callable[[Any], Any] | None = None) -> recor
         queue=run.queue,
         queue_key=run.queue_key,
         priority=run.priority,
+        dry_run=run.dry_run,
     )
 
 
@@ -216,6 +217,7 @@ class Client(liveclient.LiveCalls):
         queue: str | None = None,
         queue_key: str | None = None,
         priority: int | None = None,
+        dry_run: bool = False,
     ) -> RunHandle[Any]:
         """Create a run (or return the run already created under ``key``).
 
@@ -227,6 +229,8 @@ class Client(liveclient.LiveCalls):
         ``queue`` places the run in one of the app's declared queues, claimed
         under its limits; ``queue_key`` is what its per-key limit counts, and
         ``priority`` orders the queue's runs (lower first; default 0).
+        A ``dry_run`` is claimed only by dry-run workers (``app.worker(dry_run=True)``)
+        and is never placed in a queue.
 
         Raises:
             errors.KeyConflict: ``key`` names a run of another workflow or with
@@ -240,6 +244,11 @@ class Client(liveclient.LiveCalls):
             codec.check_text("a run key", key)
         until = self._deadline(deadline)
         placement = self._placement(queue, queue_key, priority)
+        if dry_run and placement:
+            raise errors.InvalidQueue(
+                "a dry run is not placed in a queue: only dry-run workers claim it, "
+                "outside every queue's limits"
+            )
         text = self.payloads.seal(
             {"args": list(args), "kwargs": kwargs or {}}, "the run's input", envelope=2
         )
@@ -253,13 +262,14 @@ class Client(liveclient.LiveCalls):
             key=key,
             deadline=until,
             **placement,
+            dry_run=bool(dry_run),
         )
         run, created = self.store.create_run(new)
         # A key that follows a chain names the start of its first run.
         if not created and not port.same_start(
             lineage.first(self.store, run), new, self.payloads.open_text
         ):
-            raise errors.KeyConflict(str(key), run, workflow)
+            raise errors.KeyConflict(str(key), run, workflow, new.dry_run)
         return RunHandle[Any](self, run.run_id, hint, created=created)
 
     def _deadline(self, deadline: timedelta | datetime | None) -> datetime | None:
@@ -366,16 +376,22 @@ class Client(liveclient.LiveCalls):
         return run_info(self._current(run_id), self.payloads.open)
 
     def runs(
-        self, state: str | None = None, workflow: str | None = None, limit: int = 100
+        self,
+        state: str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+        dry_run: bool | None = None,
     ) -> list[records.RunInfo]:
-        """Return the app's runs, newest first."""
+        """Return the app's runs, newest first; ``dry_run`` keeps only dry (or real) ones."""
         if state is not None and state not in port.RUN_STATES:
             raise errors.InvalidInput(
                 f"unknown state {state!r}; one of {', '.join(port.RUN_STATES)}"
             )
         if limit < 1:
             raise errors.InvalidInput(f"limit must be at least 1, got {limit}")
-        found = self.store.list_runs(self.app, state=state, workflow=workflow, limit=limit)
+        found = self.store.list_runs(
+            self.app, state=state, workflow=workflow, limit=limit, dry_run=dry_run
+        )
         return [run_info(r, self.payloads.open) for r in found]
 
     def result(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:

@@ -26,6 +26,7 @@ from typing import Any, NoReturn, Protocol
 from perdure import (
     chains,
     codec,
+    dryrun,
     errors,
     journal,
     live,
@@ -180,9 +181,12 @@ class Context:
         runtime: Runtime,
         cursor: replay.JournalCursor,
         asynchronous: bool = False,
+        dry_run: bool = False,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
+        # A dry run describes its effectful steps instead of calling them (dryrun.py).
+        self.dry_run = dry_run
         # An async workflow awaits its waits: they return a Ready (see ready.py).
         self.asynchronous = asynchronous
         self._runtime = runtime
@@ -462,19 +466,36 @@ class Context:
         position = self._cursor.position
         return steps.StepCall(self._runtime, self.run_id, fn, opts, key, position, recorded)
 
+    def _described(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Record ``fn``'s call in a dry run and return its stub's value."""
+        opts = steps.options(fn)
+        key = self._cursor.step_key(opts.name)
+        recorded = self._next(replay.Call("step", key))
+        position = self._cursor.position
+        call = dryrun.call(
+            self._runtime, self.run_id, fn, opts, key, position, recorded, args, kwargs
+        )
+        return steps.run(call, dryrun.stub_of(fn), args, kwargs)
+
     def step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` as a journaled step (the explicit form of calling a step)."""
         fn = steps.unwrap(fn)
+        if self.dry_run and dryrun.described(steps.options(fn)):
+            return self._described(fn, args, kwargs)
         return steps.run(self._step_call(fn), fn, args, kwargs)
 
     async def astep(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run the ``async`` function ``fn`` as a journaled step."""
         fn = steps.unwrap(fn)
+        if self.dry_run and dryrun.described(steps.options(fn)):
+            return self._described(fn, args, kwargs)
         return await steps.arun(self._step_call(fn), fn, args, kwargs)
 
     def transaction(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(connection, ...)`` inside the transaction that records its outcome."""
         fn = steps.unwrap(fn)
+        if self.dry_run:
+            return self._described(fn, args, kwargs)
         return steps.run_transaction(self._step_call(fn), fn, args, kwargs)
 
     # -- talking to the outside world -----------------------------------------------

@@ -76,6 +76,8 @@ class StepOptions:
     transactional: bool = False
     # Seconds an attempt may run before it fails with StepTimedOut; None: no bound.
     timeout: float | None = None
+    # Called in a dry run in place of the step, with its arguments (see perdure.dryrun).
+    dry_run: Callable[..., Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:

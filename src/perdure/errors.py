@@ -26,6 +26,7 @@ The tree::
     ├── RunFinished                          run_finished
     ├── RunNotFinished                       run_not_finished
     ├── KeyConflict                          key_conflict
+    ├── OwnershipConflict                    ownership_conflict (another worker serves the app)
     ├── EffectUnsettled                      effect_unsettled
     ├── RunFailed                            (the run's own error code)
     ├── ResultTimeout                        result_timeout
@@ -93,6 +94,7 @@ __all__ = [
     "NonDeterminism",
     "NotCanceled",
     "NotResolvable",
+    "OwnershipConflict",
     "PayloadDigestMismatch",
     "PayloadMissing",
     "PayloadTooLarge",
@@ -318,17 +320,47 @@ class KeyConflict(PerdureError):
 
     code = "key_conflict"
 
-    def __init__(self, key: str, found: Any, workflow: str) -> None:
+    def __init__(self, key: str, found: Any, workflow: str, dry_run: bool | None = None) -> None:
         self.key = key
         self.run_id: str = found.run_id
-        differs = (
-            f"workflow {found.workflow!r}, not {workflow!r}"
-            if found.workflow != workflow
-            else f"workflow {workflow!r} with other inputs"
-        )
+        found_dry = bool(getattr(found, "dry_run", False))
+        if found.workflow != workflow:
+            differs = f"workflow {found.workflow!r}, not {workflow!r}"
+        elif dry_run is not None and found_dry != dry_run:
+            differs = f"workflow {workflow!r} as a {'dry' if found_dry else 'real'} run"
+        else:
+            differs = f"workflow {workflow!r} with other inputs"
         super().__init__(
             f"key {key!r} already names run {found.run_id} of {differs}; a key names one "
             "start (the same workflow with the same inputs), so this start needs another key"
+        )
+
+
+class OwnershipConflict(PerdureError):
+    """Another worker serves the app with a posture this worker may not share it with."""
+
+    code = "ownership_conflict"
+
+    def __init__(
+        self,
+        app: str,
+        worker: str,
+        posture: str,
+        holder: str,
+        held_posture: str,
+        expires_in: float,
+    ) -> None:
+        self.app = app
+        self.worker = worker
+        self.posture = posture
+        self.holder = holder
+        self.held_posture = held_posture
+        self.expires_in = expires_in
+        super().__init__(
+            f"worker {worker} (ownership {posture}) cannot serve app {app}: worker {holder} "
+            f"serves it with ownership {held_posture}, and its record holds for another "
+            f"{max(0.0, expires_in):.1f}s; stop that worker, or wait for its record to "
+            "expire if it is gone"
         )
 
 

@@ -532,6 +532,7 @@ class Execution:
                 runtime=self,
                 cursor=self._cursor,
                 asynchronous=wf.is_async,
+                dry_run=run.dry_run,
             )
             args, kwargs = self._inputs(wf)
         except errors.CorruptState as exc:

@@ -43,6 +43,8 @@ class RunInfo:
     queue: str | None = None
     queue_key: str | None = None
     priority: int = 0
+    # Claimed only by dry-run workers; its effectful steps are described, not performed.
+    dry_run: bool = False
 
     @property
     def done(self) -> bool:

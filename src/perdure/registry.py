@@ -90,6 +90,24 @@ def split_key(
     return key, kwargs
 
 
+def split_dry_run(
+    wf: WorkflowDef, dry_run: Any, kwargs: dict[str, Any]
+) -> tuple[bool, dict[str, Any]]:
+    """Return whether a start is a dry run, and the workflow's keyword arguments.
+
+    ``dry_run=`` marks the run, unless the workflow has a parameter of that
+    name: then it is that argument and the run is a real one.
+
+    Raises:
+        errors.InvalidInput: ``dry_run`` is not a bool.
+    """
+    if "dry_run" in list(wf.signature.parameters)[1:]:
+        return False, ({**kwargs, "dry_run": dry_run} if dry_run is not False else kwargs)
+    if not isinstance(dry_run, bool):
+        raise errors.InvalidInput(f"dry_run is True or False, got {dry_run!r}")
+    return dry_run, kwargs
+
+
 def check_arguments(wf: WorkflowDef, args: Any, kwargs: dict[str, Any]) -> None:
     """Refuse arguments the workflow's signature or type hints do not take.
 

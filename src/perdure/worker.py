@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from perdure import clockwatch, context, errors, keeper, schedules
 from perdure import execution as execution_api
+from perdure import ownership as ownership_api
 from perdure import telemetry as telemetry_api
 from perdure.registry import Registry, WorkflowDef
 from perdure.store import port, retention, scheduleport
@@ -91,8 +92,13 @@ class Worker:
         liveness: Literal["process", "thread"] = "process",
         store_url: str | None = None,
         telemetry: telemetry_api.Telemetry = telemetry_api.NONE,
+        dry_run: bool = False,
+        ownership: str = "run-lease",
+        lease_wait: float = 60.0,
+        standby: bool = True,
     ) -> None:
         validate_timing(lease_ttl, heartbeat)
+        posture = ownership_api.posture(ownership)
         if grace < 0:
             raise errors.InvalidInput(f"grace must be at least 0 seconds, got {grace}")
         if liveness not in ("process", "thread"):
@@ -118,7 +124,20 @@ class Worker:
         # The keeper reopens the store by URL; a store handed over as an object
         # (a wrapper, an injected clock) can only be renewed from here.
         self.liveness: Literal["process", "thread"] = (
-            "process" if liveness == "process" and store_url else "thread"
+            "process" if liveness == "process" and store_url and posture != "none" else "thread"
+        )
+        # Under "none" no run lease is renewed: runs are claimed for good, and
+        # only the app's owner record is kept alive (see perdure.ownership).
+        self.ownership = posture
+        self._claim_ttl = ownership_api.UNRENEWED_LEASE if posture == "none" else lease_ttl
+        self._owner = ownership_api.AppOwner(
+            store,
+            registry.name,
+            posture,
+            self.worker_id,
+            lease_ttl,
+            lease_wait=lease_wait,
+            standby=standby,
         )
         self._keeper: keeper.Keeper | None = None
         if self.liveness == "process" and store_url:
@@ -151,7 +170,9 @@ class Worker:
         self._schedule_specs: Callable[[], list[scheduleport.ScheduleSpec]] = getattr(
             registry, "schedule_specs", list
         )
-        self._scheduled = bool(self._schedule_specs())
+        # A dry-run worker claims dry runs only, and starts no scheduled (real) runs.
+        self.dry_run = dry_run
+        self._scheduled = not dry_run and bool(self._schedule_specs())
         self._schedules_saved = False
         self._started = False
 
@@ -165,10 +186,25 @@ class Worker:
         """Block up to ``timeout`` seconds or until the worker stops; return whether it does."""
         return self._stop_event.wait(timeout)
 
+    def acquire(self) -> None:
+        """Take the app's owner record now (``start`` does it if this did not).
+
+        Raises:
+            errors.OwnershipConflict: a worker of another posture serves the
+                app, or, under ``none``, any other worker.
+        """
+        self._owner.acquire()
+
+    @property
+    def standing_by(self) -> bool:
+        """Whether this store-lease worker waits for another to give the app up."""
+        return self.ownership == "store-lease" and self._owner.held is None
+
     def start(self) -> Worker:
         """Start serving in background threads; return self."""
         if self._started:
             return self
+        self._owner.acquire()
         self._started = True
         # Start listening for ready runs now, so no notification sent before the
         # first idle wait is missed.
@@ -242,6 +278,7 @@ class Worker:
             self._threads[2].join(self.heartbeat + 1)
         if self._keeper is not None:
             self._keeper.close()
+        self._owner.release()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._loop.stop)
             # A loop left open is finalized at interpreter exit, after its
@@ -282,8 +319,9 @@ class Worker:
                     self.worker_id,
                 )
             if execution.lost is None:
-                # Hand it over now rather than after the lease lapses.
-                with contextlib.suppress(Exception):
+                # Hand it over now rather than after the lease lapses; a claim
+                # already fenced off (StaleClaim is an Interrupt) has nothing to hand.
+                with contextlib.suppress(Exception, errors.LeaseLost):
                     self.store.release(claim, delay=0, failed=False)
         return [execution.claim.run_id for execution in left]
 
@@ -355,6 +393,10 @@ class Worker:
 
     def _claim_loop(self) -> None:
         self._await_keeper()
+        if self.ownership == "store-lease" and not self._owner.stand_by(
+            self._stop_event, self._watch_clock
+        ):
+            return
         last_sweep = 0.0
         failures = 0
         while not self._stop_event.is_set():
@@ -376,14 +418,23 @@ class Worker:
                     last_sweep = time.monotonic()
                     self.store.sweep()
                     self._prune()
-                claimed = self.store.claim(
-                    self.registry.name,
-                    self.worker_id,
+                claimed = self._owner.claim(
+                    self.store,
                     self.registry.workflow_versions(),
-                    lease_ttl=self.lease_ttl,
+                    lease_ttl=self._claim_ttl,
                     limit=free,
                     recover_until=self._clock_watch.recover_until(time.monotonic()),
+                    dry_run=self.dry_run,
                 )
+            except errors.OwnershipConflict as exc:
+                if exc.holder != self.worker_id:
+                    # Taken over: the new holder's takeover fenced this one's runs off.
+                    log.error("worker %s lost app %s: %s", self.worker_id, exc.app, exc)
+                    self.stop_now()
+                    return
+                # Its own record lapsed (a renewal is late): claim again once renewed.
+                self._stop_event.wait(self.poll_interval)
+                continue
             except Exception as exc:
                 failures += 1
                 # Back off while the store keeps failing: an outage or a damaged
@@ -518,8 +569,14 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         warned = False
         while not self._halt.wait(self.heartbeat):
+            if not self._owner.renew():
+                # Another worker took the app over: its claims fence this one's
+                # runs off; stop claiming, and stop their steps at once.
+                self.stop_now()
             kept = self._keeper
-            if kept is not None and kept.ready.is_set() and kept.alive:
+            if self.ownership == "none":
+                pass  # no run lease to renew
+            elif kept is not None and kept.ready.is_set() and kept.alive:
                 kept.beat()
             else:
                 if kept is not None and kept.ready.is_set() and not warned:

@@ -69,6 +69,7 @@ def test_migrations_produce_schema_sql(tmp_path: Path) -> None:
         "tokens",
         "updates",
         "app_migrations",
+        "app_owners",
         "schedules",
         "queues",
     }

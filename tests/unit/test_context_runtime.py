@@ -376,6 +376,7 @@ def _allowed(module: Any) -> set[str]:
         context: {
             "chains",
             "codec",
+            "dryrun",
             "errors",
             "journal",
             "live",

@@ -46,6 +46,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.chainport",
             "perdure.store.controlport",
             "perdure.store.queueport",
+            "perdure.store.ownerport",
         }
     },
     {
@@ -67,7 +68,7 @@ LAYERS: list[dict[str, set[str]]] = [
         }
     },
     {
-        "steps": {"perdure.steps"},
+        "steps": {"perdure.steps", "perdure.dryrun"},
         "client": {"perdure.client", "perdure.reads", "perdure.liveclient", "perdure.lineage"},
     },
     {"context": {"perdure.context", "perdure.select"}},
@@ -75,6 +76,7 @@ LAYERS: list[dict[str, set[str]]] = [
     {
         "execution": {"perdure.execution"},
         "keeper": {"perdure.keeper"},
+        "ownership": {"perdure.ownership"},
         "check": {"perdure.check"},
     },
     {"worker": {"perdure.worker"}},

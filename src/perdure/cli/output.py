@@ -29,6 +29,7 @@ _REFUSED: tuple[type[errors.PerdureError], ...] = (
     errors.RunFinished,
     errors.RunNotFinished,
     errors.KeyConflict,
+    errors.OwnershipConflict,
     errors.EffectUnsettled,
     errors.NotResolvable,
     errors.RunFailed,

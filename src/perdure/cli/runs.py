@@ -62,6 +62,12 @@ from perdure.store import port
     default=None,
     help="With --queue: lower numbers are claimed first (default 0).",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Start a dry run: only `perdure worker --dry-run` claims it, and its once and "
+    "idempotent steps are described in the journal, not performed.",
+)
 @click.option("--wait", is_flag=True, help="Wait for the run to end (a worker must be running).")
 @click.option(
     "--timeout",
@@ -81,6 +87,7 @@ def start(
     queue: str | None,
     queue_key: str | None,
     priority: int | None,
+    dry_run: bool,
     wait: bool,
     timeout: float | None,
     store_url: str | None,
@@ -112,14 +119,17 @@ def start(
             for name, value in (("queue", queue), ("queue_key", queue_key), ("priority", priority))
             if value is not None
         }
-        handle = app.start(workflow, *(args_ or []), key=key, **(kwargs_ or {}), **extra, **placed)
+        if dry_run:
+            extra["dry_run"] = True
+        given: dict[str, Any] = {**(kwargs_ or {}), **extra, **placed}
+        handle = app.start(workflow, *(args_ or []), key=key, **given)
         info = app.get(handle.run_id)
         if not wait:
             if as_json:
                 output.emit_json(output.run_doc(info, app.name))
             else:
                 click.echo(
-                    f"run {info.run_id} {info.state} "
+                    f"{'dry run' if info.dry_run else 'run'} {info.run_id} {info.state} "
                     f"(workflow {info.workflow} v{info.version}, app {app.name})"
                 )
             return
@@ -152,6 +162,12 @@ def start(
 )
 @click.option("--workflow", default=None, metavar="NAME", help="Only runs of this workflow.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--dry-run/--no-dry-run",
+    "dry_run",
+    default=None,
+    help="Only dry runs, or only real ones (default: both; a dry run's state says so).",
+)
 @common.read_options
 def runs(
     target: str | None,
@@ -159,6 +175,7 @@ def runs(
     state: str | None,
     workflow: str | None,
     limit: int,
+    dry_run: bool | None,
     store_url: str | None,
     as_json: bool,
 ) -> None:
@@ -173,7 +190,9 @@ def runs(
         apps = common.apps_in(store, name)
         found: list[tuple[str, records.RunInfo]] = []
         for app in apps:
-            listed = common.client(store, app).runs(state=state, workflow=workflow, limit=limit)
+            listed = common.client(store, app).runs(
+                state=state, workflow=workflow, limit=limit, dry_run=dry_run
+            )
             found += [(app, info) for info in listed]
         # An app named but empty: say which apps the store does have.
         known = store.apps() if name and not found else apps
@@ -196,7 +215,7 @@ def runs(
                 app,
                 i.workflow,
                 i.version,
-                i.state,
+                f"{i.state} (dry)" if i.dry_run else i.state,
                 str(i.attempt),
                 output.when(i.updated_at),
             ]
@@ -270,6 +289,8 @@ def show(run_id: str, history: bool, journal: bool, store_url: str | None, as_js
     ]
     if info.chain:
         rows.append(("chain", " -> ".join(info.chain)))
+    if info.dry_run:
+        rows.append(("dry run", "yes (once and idempotent steps are described, not performed)"))
     if children:
         rows.append(("children", ", ".join(f"{n} {s}" for s, n in sorted(children.items()))))
     if info.state == "succeeded":

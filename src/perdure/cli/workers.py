@@ -53,6 +53,36 @@ from perdure.cli import common, output
     "or from a thread of the worker.",
 )
 @click.option(
+    "--ownership",
+    type=click.Choice(["run-lease", "store-lease", "none"]),
+    default="run-lease",
+    show_default=True,
+    help="run-lease: any number of workers, each run leased and renewed; store-lease: one "
+    "active worker holds the app's lease, others stand by and take over within --lease-ttl "
+    "of its end; none: this worker alone serves the app (any other worker is refused), with "
+    "no run lease to renew.",
+)
+@click.option(
+    "--lease-wait",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="store-lease: seconds a standby waits before it logs which worker holds the app "
+    "(it stands by after that too).",
+)
+@click.option(
+    "--no-standby",
+    is_flag=True,
+    help="store-lease: exit 1 at once if another worker holds the app, instead of standing by.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Claim only dry runs (started with --dry-run), and no other: their once and "
+    "idempotent steps are described in the journal, not performed.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -68,6 +98,10 @@ def worker(
     heartbeat: float,
     grace: float,
     liveness: str,
+    ownership: str,
+    lease_wait: float,
+    no_standby: bool,
+    dry_run: bool,
     log_format: logs.LogFormat,
     store_url: str | None,
 ) -> None:
@@ -96,12 +130,19 @@ def worker(
             heartbeat=heartbeat,
             grace=grace,
             liveness=liveness,
+            dry_run=dry_run,
+            ownership=ownership,
+            lease_wait=lease_wait,
+            standby=not no_standby,
         )
+        served.acquire()  # refused before it says it serves
         names = ", ".join(f"{n} v{v}" for n, v in app.workflow_versions()) or "none"
         click.echo(
-            f"worker {served.worker_id} serving app {app.name} on "
+            f"{'dry-run worker' if dry_run else 'worker'} {served.worker_id} "
+            f"serving app {app.name} on "
             f"{output.redact(app.store.url)} (workflows: {names}, pid {os.getpid()}); "
-            "Ctrl-C to stop"
+            + ("standing by for the app's store lease; " if served.standing_by else "")
+            + "Ctrl-C to stop"
         )
         sys.stdout.flush()
         clean = served.run()

@@ -98,6 +98,7 @@ LEDGER_KINDS: frozenset[str] = frozenset(
         "step_started",
         "effect_started",
         "step_completed",
+        "step_described",
         "step_failed",
         "parked",
         "woken",
@@ -152,6 +153,8 @@ class NewRun:
     queue: str | None = None
     queue_key: str | None = None
     priority: int = 0
+    # Claimed only by dry-run claims; a child of a dry run is dry whatever this says.
+    dry_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,8 @@ class Run:
     queue: str | None = None
     queue_key: str | None = None
     priority: int = 0
+    # Claimed only by dry-run claims (see ``Store.claim``).
+    dry_run: bool = False
 
 
 def same_start(found: Run, new: NewRun, read: Callable[[str], Any] = json.loads) -> bool:
@@ -211,11 +216,12 @@ def same_start(found: Run, new: NewRun, read: Callable[[str], Any] = json.loads)
     the run it created. ``read`` turns an input's text into the value compared:
     an app with a payload codec opens its sealed inputs, whose stored texts
     differ for equal inputs.
+    A dry start never names a real run, nor a real one a dry run.
 
     Raises:
         errors.CorruptState: the stored inputs are not JSON.
     """
-    if found.workflow != new.workflow:
+    if found.workflow != new.workflow or found.dry_run != new.dry_run:
         return False
     try:
         stored = read(found.input)
@@ -452,8 +458,9 @@ class Store(Protocol):
         state: str | None = None,
         workflow: str | None = None,
         limit: int = 100,
+        dry_run: bool | None = None,
     ) -> list[Run]:
-        """Return the app's runs, newest first."""
+        """Return the app's runs, newest first (only dry ones, or none, if ``dry_run`` says)."""
         ...
 
     def child_counts(self, run_id: str) -> dict[str, int]:
@@ -479,8 +486,13 @@ class Store(Protocol):
         lease_ttl: float,
         limit: int = 1,
         recover_until: datetime | None = RECOVER_ANY,
+        dry_run: bool = False,
     ) -> list[Claimed]:
         """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed.
+
+        Only runs whose ``dry_run`` equals ``dry_run`` are candidates: an
+        ordinary claim never returns a dry run, and a dry-run claim returns
+        nothing else.
 
         Ready: ``queued`` with ``ready_at`` due or unset; ``waiting`` with
         ``ready_at`` due (a deadline passed); ``running`` whose lease expired

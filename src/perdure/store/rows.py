@@ -282,6 +282,7 @@ class Reader:
             priority=0
             if _value(row, "priority") is None
             else c.count("priority", queueport.PRIORITY_MIN),
+            dry_run=c.flag("dry_run"),
         )
 
     def entry(self, row: Row) -> port.JournalEntry:

@@ -92,6 +92,7 @@ class Transitions(abc.ABC, Generic[C]):
         ttl: float,
         limit: int,
         recover_until: datetime | None,
+        dry_run: bool = False,
     ) -> list[port.Claimed]:
         """Claim up to ``limit`` ready runs in this transaction, setting corrupt ones aside.
 
@@ -296,10 +297,22 @@ class Transitions(abc.ABC, Generic[C]):
         return None if row is None else self.read.run(row)
 
     def list_runs(
-        self, app: str, *, state: str | None = None, workflow: str | None = None, limit: int = 100
+        self,
+        app: str,
+        *,
+        state: str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+        dry_run: bool | None = None,
     ) -> list[port.Run]:
         """Return the app's runs, newest first."""
-        params = {"app": app, "state": state, "workflow": workflow, "limit": max(0, limit)}
+        params = {
+            "app": app,
+            "state": state,
+            "workflow": workflow,
+            "limit": max(0, limit),
+            "dry_run": dry_run,
+        }
         found = self._transact(
             lambda cur: self._exec(cur, "list_runs", **params).fetchall(), single=True
         )
@@ -343,6 +356,7 @@ class Transitions(abc.ABC, Generic[C]):
         lease_ttl: float,
         limit: int = 1,
         recover_until: datetime | None = port.RECOVER_ANY,
+        dry_run: bool = False,
     ) -> list[port.Claimed]:
         """Claim up to ``limit`` ready runs; a run whose rows fail validation is set aside.
 
@@ -354,26 +368,46 @@ class Transitions(abc.ABC, Generic[C]):
             raise errors.InvalidInput("recover_until must be an aware datetime")
         if limit < 1 or not workflows:
             return []
-        self._claims_made += 1
-        queued_first = self._claims_made % 2 == 0
-
-        def work(cur: C) -> list[port.Claimed]:
-            # Runs in queues and the others take turns to go first, so that
-            # neither kind starves the other of a busy worker's slots.
-            claimed = []
-            if queued_first:
-                claimed += self._claim_queued(cur, app, worker, workflows, ttl, limit)
-            if len(claimed) < limit:
-                left = limit - len(claimed)
-                claimed += self._claim(cur, app, worker, workflows, ttl, left, recover_until)
-            if not queued_first and len(claimed) < limit:
-                left = limit - len(claimed)
-                claimed += self._claim_queued(cur, app, worker, workflows, ttl, left)
-            return claimed
-
-        return self._transact(work)
+        return self._transact(
+            lambda cur: self._claim_all(
+                cur, app, worker, workflows, ttl, limit, recover_until, dry_run
+            )
+        )
 
     _claims_made = 0
+
+    def _claim_all(
+        self,
+        cur: C,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+        recover_until: datetime | None,
+        dry_run: bool,
+    ) -> list[port.Claimed]:
+        """Claim runs in no queue and runs in queues, in one transaction.
+
+        A dry run is never placed in a queue, so a dry-run claim looks at
+        runs in no queue only.
+        """
+        if dry_run:
+            return self._claim(cur, app, worker, workflows, ttl, limit, recover_until, dry_run=True)
+        self._claims_made += 1
+        queued_first = self._claims_made % 2 == 0
+        # Runs in queues and the others take turns to go first, so that
+        # neither kind starves the other of a busy worker's slots.
+        claimed = []
+        if queued_first:
+            claimed += self._claim_queued(cur, app, worker, workflows, ttl, limit)
+        if len(claimed) < limit:
+            left = limit - len(claimed)
+            claimed += self._claim(cur, app, worker, workflows, ttl, left, recover_until)
+        if not queued_first and len(claimed) < limit:
+            left = limit - len(claimed)
+            claimed += self._claim_queued(cur, app, worker, workflows, ttl, left)
+        return claimed
 
     def _claim_queued(
         self,

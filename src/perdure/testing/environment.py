@@ -197,8 +197,13 @@ class Environment:
         self.open()  # before the app would open its own store
         return self.app.start(workflow, *args, **kwargs)
 
-    def run_until_idle(self, *, max_executions: int = _MAX_EXECUTIONS) -> int:
+    def run_until_idle(
+        self, *, max_executions: int = _MAX_EXECUTIONS, dry_run: bool = False
+    ) -> int:
         """Execute runs until none can be claimed now; return how many executions ran.
+
+        ``dry_run=True`` executes the dry runs instead (and only them), as
+        ``app.worker(dry_run=True)`` does.
 
         A run rests when it ends, waits for a signal, a message or a child
         that has not come, sleeps until a later instant, or backs off after a
@@ -221,6 +226,7 @@ class Environment:
                 self.app.workflow_versions(),
                 lease_ttl=_LEASE_TTL,
                 limit=1,
+                dry_run=dry_run,
             )
             if not claimed:
                 if self._tick(store):

@@ -44,6 +44,7 @@ from perdure.store import (
     live,
     liveport,
     overview,
+    owners,
     port,
     queueing,
     rows,
@@ -81,6 +82,7 @@ class PostgresStore(
     census.Census[Cursor],
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],
+    owners.OwnerTransitions[Cursor],
 ):
     """The port on PostgreSQL (see the module docstring)."""
 
@@ -204,6 +206,7 @@ class PostgresStore(
         ttl: float,
         limit: int,
         recover_until: datetime | None,
+        dry_run: bool = False,
     ) -> list[port.Claimed]:
         params: dict[str, Any] = {
             "app": app,
@@ -213,6 +216,7 @@ class PostgresStore(
             "lease_ttl": ttl,
             "limit": limit,
             "recover_until": recover_until,
+            "dry_run": dry_run,
         }
         exclude: list[str] = []
         while True:

@@ -36,6 +36,7 @@ from perdure.store import (
     live,
     liveport,
     overview,
+    owners,
     port,
     queueing,
     rows,
@@ -72,6 +73,7 @@ class SqliteStore(
     census.Census[Cursor],
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],
+    owners.OwnerTransitions[Cursor],
 ):
     """A :class:`port.Store` on one SQLite database file."""
 
@@ -205,10 +207,17 @@ class SqliteStore(
         ttl: float,
         limit: int,
         recover_until: datetime | None,
+        dry_run: bool = False,
     ) -> list[port.Claimed]:
         wanted = json.dumps([[name, version] for name, version in workflows])
         claimed: list[port.Claimed] = []
-        params = {"app": app, "workflows": wanted, "limit": limit, "recover_until": recover_until}
+        params = {
+            "app": app,
+            "workflows": wanted,
+            "limit": limit,
+            "recover_until": recover_until,
+            "dry_run": dry_run,
+        }
         for candidate in self._exec(cur, "claim", **params):
             cur.conn.execute("SAVEPOINT claim_once")
             try:

@@ -53,6 +53,7 @@ from perdure.testing.conformance.chains import ChainTests
 from perdure.testing.conformance.channels import ChannelTests
 from perdure.testing.conformance.claims import ClaimTests
 from perdure.testing.conformance.control import ControlTests
+from perdure.testing.conformance.dryruns import DryRunTests
 from perdure.testing.conformance.finish import FinishTests
 from perdure.testing.conformance.harness import (
     Opener,
@@ -67,6 +68,7 @@ from perdure.testing.conformance.lifecycle import LifecycleTests
 from perdure.testing.conformance.live import LiveTests
 from perdure.testing.conformance.operators import OperatorTests
 from perdure.testing.conformance.overview import OverviewTests
+from perdure.testing.conformance.owners import OwnerTests
 from perdure.testing.conformance.queues import QueueTests
 from perdure.testing.conformance.retention import RetentionTests
 from perdure.testing.conformance.runs import RunTests
@@ -89,6 +91,7 @@ class StoreConformance(
     LifecycleTests,
     RunTests,
     ClaimTests,
+    DryRunTests,
     JournalTests,
     WaitTests,
     ChannelTests,
@@ -106,6 +109,7 @@ class StoreConformance(
     OverviewTests,
     ChainTests,
     ControlTests,
+    OwnerTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 

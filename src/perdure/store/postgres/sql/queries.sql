@@ -39,29 +39,32 @@ SELECT pg_notify('perdure_ready', app) FROM unnest(%(apps)s::text[]) AS app;
 -- A conflict on run_id or on (app, key) stores nothing; the caller reads back.
 INSERT INTO perdure.runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority,
+    dry_run
 )
 VALUES (
     %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
     %(parent_id)s, 1, %(ledger_limit)s,
     coalesce(%(now)s::timestamptz, statement_timestamp()),
     coalesce(%(now)s::timestamptz, statement_timestamp()),
-    %(deadline)s::timestamptz, %(queue)s, %(queue_key)s, %(priority)s
+    %(deadline)s::timestamptz, %(queue)s, %(queue_key)s, %(priority)s, %(dry_run)s
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
 
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
+-- A child of a dry run is dry.
 INSERT INTO perdure.runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, parent_close
+    ledger_sequence, ledger_limit, created_at, updated_at, parent_close, dry_run
 )
 SELECT c.run_id, c.app, c.workflow, c.version, 'queued', c.input, c.key, %(parent_id)s,
        1, %(ledger_limit)s,
        coalesce(%(now)s::timestamptz, statement_timestamp()),
        coalesce(%(now)s::timestamptz, statement_timestamp()),
-       c.parent_close
+       c.parent_close,
+       coalesce((SELECT dry_run FROM perdure.runs WHERE run_id = %(parent_id)s), false)
 FROM unnest(
     %(run_ids)s::text[], %(apps)s::text[], %(workflows)s::text[],
     %(versions)s::text[], %(inputs)s::text[], %(keys)s::text[], %(parent_closes)s::text[]
@@ -93,6 +96,7 @@ SELECT * FROM perdure.runs
 WHERE app = %(app)s
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(dry_run)s::boolean IS NULL OR dry_run = %(dry_run)s::boolean)
 ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s;
 
@@ -136,6 +140,8 @@ SELECT * FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY 
 -- backlog costs no sort. Rows locked here but not picked stay untouched.
 -- Runs in a queue are claimed by queue_candidates instead; a lapsed one is
 -- recovered here (it keeps its slot).
+-- A dry run is claimed only by a dry-run claim, checked on the row each
+-- range already reads.
 WITH wanted AS (
     SELECT * FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS w(workflow, version)
 ), fresh AS (
@@ -143,6 +149,7 @@ WITH wanted AS (
            generation AS prior_generation, worker AS prior_worker FROM perdure.runs
     WHERE app = %(app)s AND state = 'queued' AND ready_at IS NULL
       AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND dry_run = %(dry_run)s
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY created_at
     LIMIT %(limit)s
@@ -153,6 +160,7 @@ WITH wanted AS (
     WHERE app = %(app)s AND state = 'queued'
       AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND dry_run = %(dry_run)s
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY ready_at
     LIMIT %(limit)s
@@ -163,6 +171,7 @@ WITH wanted AS (
     WHERE app = %(app)s AND state = 'waiting'
       AND ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND dry_run = %(dry_run)s
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY ready_at
     LIMIT %(limit)s
@@ -176,6 +185,7 @@ WITH wanted AS (
       AND coalesce(%(now)s::timestamptz, statement_timestamp())
           <= %(recover_until)s::timestamptz
       AND (workflow, version) IN (SELECT workflow, version FROM wanted)
+      AND dry_run = %(dry_run)s
       AND NOT run_id = ANY(%(exclude)s::text[])
     ORDER BY lease_expires_at
     LIMIT %(limit)s
@@ -1103,16 +1113,17 @@ RETURNING run_id, app, NULL::text AS parent_id, state, result, error, generation
 
 -- name: chain_create
 -- The successor takes the old run's app, parent, parent_close, origin, ledger
--- bound, deadline and place in a queue (queue, key, priority).
+-- bound, deadline, place in a queue (queue, key, priority) and dry_run.
 INSERT INTO perdure.runs (
     run_id, app, workflow, version, state, input, key, parent_id, parent_close, origin,
-    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority,
+    dry_run
 )
 SELECT %(run_id)s, app, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s, parent_id,
        parent_close, origin, 1, ledger_limit,
        coalesce(%(now)s::timestamptz, statement_timestamp()),
        coalesce(%(now)s::timestamptz, statement_timestamp()),
-       deadline, queue, queue_key, priority
+       deadline, queue, queue_key, priority, dry_run
 FROM perdure.runs WHERE run_id = %(old_id)s
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -1293,3 +1304,46 @@ UPDATE perdure.runs SET
     started_at = coalesce(started_at, coalesce(%(now)s::timestamptz, statement_timestamp()))
 WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('queued', 'waiting')
 RETURNING *;
+
+-- name: owner_lock
+SELECT posture, holder, generation,
+       lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp()) AS expired,
+       extract(epoch FROM lease_expires_at
+           - coalesce(%(now)s::timestamptz, statement_timestamp()))::float8 AS expires_in
+FROM perdure.app_owners WHERE app = %(app)s
+FOR UPDATE;
+
+-- name: owner_insert
+INSERT INTO perdure.app_owners (app, posture, holder, lease_expires_at, generation, updated_at)
+VALUES (
+    %(app)s, %(posture)s, %(holder)s,
+    coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(ttl)s::float8),
+    1, coalesce(%(now)s::timestamptz, statement_timestamp())
+)
+ON CONFLICT (app) DO NOTHING
+RETURNING generation;
+
+-- name: owner_update
+UPDATE perdure.app_owners SET
+    posture = %(posture)s,
+    holder = %(holder)s,
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+        + make_interval(secs => %(ttl)s::float8),
+    generation = generation + %(takeover)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE app = %(app)s
+RETURNING generation;
+
+-- name: owner_lapse
+-- The runs an expired holder left in flight lapse now, under a new
+-- generation: the holder's writes are fenced off, and the ordinary claim
+-- recovers them.
+UPDATE perdure.runs SET
+    generation = generation + 1,
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE app = %(app)s AND state = 'running' AND worker = %(holder)s
+RETURNING run_id;
+
+-- name: owner_drop
+DELETE FROM perdure.app_owners WHERE app = %(app)s AND holder = %(holder)s;

@@ -55,6 +55,8 @@ CREATE TABLE perdure.runs (
     queue_key text,
     priority integer NOT NULL DEFAULT 0,
     started_at timestamptz,
+    -- true if only dry-run workers claim it (once and idempotent steps are described).
+    dry_run boolean NOT NULL DEFAULT false,
     -- Idempotent creation: one run per (app, key); runs without a key never collide.
     CONSTRAINT runs_app_key UNIQUE (app, key)
 );
@@ -243,4 +245,14 @@ CREATE TABLE perdure.queues (
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
     PRIMARY KEY (app, name)
+);
+
+-- The ownership posture serving each app, its holder and until when it holds.
+CREATE TABLE perdure.app_owners (
+    app text PRIMARY KEY,
+    posture text NOT NULL,
+    holder text NOT NULL,
+    lease_expires_at timestamptz NOT NULL,
+    generation bigint NOT NULL,
+    updated_at timestamptz NOT NULL
 );

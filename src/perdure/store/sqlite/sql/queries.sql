@@ -23,11 +23,12 @@ INSERT INTO perdure_schema (version, applied_at) VALUES (:version, :now);
 -- Conflicts on run_id or on (app, key) store nothing; the caller reads back.
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority,
+    dry_run
 )
 VALUES (
     :run_id, :app, :workflow, :version, 'queued', :input, :key, :parent_id,
-    1, :ledger_limit, :now, :now, :deadline, :queue, :queue_key, :priority
+    1, :ledger_limit, :now, :now, :deadline, :queue, :queue_key, :priority, :dry_run
 )
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -35,13 +36,15 @@ RETURNING *;
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
 -- :batch rows are [run_id, app, workflow, version, input, key, parent_close].
+-- A child of a dry run is dry.
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, parent_close
+    ledger_sequence, ledger_limit, created_at, updated_at, parent_close, dry_run
 )
 SELECT json_extract(b.value, '$[0]'), json_extract(b.value, '$[1]'), json_extract(b.value, '$[2]'), json_extract(b.value, '$[3]'), 'queued',
        json_extract(b.value, '$[4]'), json_extract(b.value, '$[5]'), :parent_id, 1, :ledger_limit, :now, :now,
-       json_extract(b.value, '$[6]')
+       json_extract(b.value, '$[6]'),
+       coalesce((SELECT dry_run FROM runs WHERE run_id = :parent_id), 0)
 FROM json_each(:batch) AS b
 WHERE true
 ON CONFLICT DO NOTHING
@@ -69,6 +72,7 @@ SELECT * FROM runs
 WHERE app = :app
   AND (:state IS NULL OR state = :state)
   AND (:workflow IS NULL OR workflow = :workflow)
+  AND (:dry_run IS NULL OR dry_run = :dry_run)
 ORDER BY created_at DESC, run_id DESC
 LIMIT :limit;
 
@@ -112,8 +116,10 @@ ORDER BY run_id, at, name;
 -- name: claim
 -- One ordered index range per way a run becomes claimable, each cut at
 -- :limit, so a large backlog costs no sort. Runs in a queue are claimed by
--- queue_candidates instead; a lapsed one is recovered here (it keeps its slot). Ordered by the instant since
--- which each run has been claimable.
+-- queue_candidates instead; a lapsed one is recovered here (it keeps its
+-- slot). Ordered by the instant since which each run has been claimable. A
+-- dry run is claimed only by a dry-run claim (:dry_run), checked on the row
+-- each range already reads.
 WITH wanted(workflow, version) AS (
     SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
     FROM json_each(:workflows)
@@ -122,6 +128,7 @@ due(run_id, state, due_at, created_at) AS (
     SELECT * FROM (
         SELECT run_id, state, created_at, created_at FROM runs
         WHERE app = :app AND state = 'queued' AND ready_at IS NULL
+          AND dry_run = :dry_run
           AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY created_at LIMIT :limit
     )
@@ -129,6 +136,7 @@ due(run_id, state, due_at, created_at) AS (
     SELECT * FROM (
         SELECT run_id, state, ready_at, created_at FROM runs
         WHERE app = :app AND state = 'queued' AND ready_at <= :now
+          AND dry_run = :dry_run
           AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY ready_at LIMIT :limit
     )
@@ -136,6 +144,7 @@ due(run_id, state, due_at, created_at) AS (
     SELECT * FROM (
         SELECT run_id, state, ready_at, created_at FROM runs
         WHERE app = :app AND state = 'waiting' AND ready_at <= :now
+          AND dry_run = :dry_run
           AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY ready_at LIMIT :limit
     )
@@ -145,6 +154,7 @@ due(run_id, state, due_at, created_at) AS (
         WHERE app = :app AND state = 'running' AND lease_expires_at <= :now
           -- A lapse counts only while the caller trusts this clock (NULL: never).
           AND :now <= :recover_until
+          AND dry_run = :dry_run
           AND (workflow, version) IN (SELECT workflow, version FROM wanted)
         ORDER BY lease_expires_at LIMIT :limit
     )
@@ -912,13 +922,14 @@ RETURNING run_id, app, NULL AS parent_id, state, result, error, generation, ledg
 
 -- name: chain_create
 -- The successor takes the old run's app, parent, parent_close, origin, ledger
--- bound, deadline and place in a queue (queue, key, priority).
+-- bound, deadline, place in a queue (queue, key, priority) and dry_run.
 INSERT INTO runs (
     run_id, app, workflow, version, state, input, key, parent_id, parent_close, origin,
-    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority,
+    dry_run
 )
 SELECT :run_id, app, :workflow, :version, 'queued', :input, :key, parent_id, parent_close,
-       origin, 1, ledger_limit, :now, :now, deadline, queue, queue_key, priority
+       origin, 1, ledger_limit, :now, :now, deadline, queue, queue_key, priority, dry_run
 FROM runs WHERE run_id = :old_id
 ON CONFLICT DO NOTHING
 RETURNING *;
@@ -1094,3 +1105,39 @@ UPDATE runs SET
     started_at = coalesce(started_at, :now)
 WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND state IN ('queued', 'waiting')
 RETURNING *;
+
+-- name: owner_lock
+-- The write transaction holds the database lock: a read is a locked read.
+SELECT posture, holder, generation, lease_expires_at <= :now AS expired,
+       (lease_expires_at - :now) / 1000000.0 AS expires_in
+FROM app_owners WHERE app = :app;
+
+-- name: owner_insert
+INSERT INTO app_owners (app, posture, holder, lease_expires_at, generation, updated_at)
+VALUES (:app, :posture, :holder, :now + CAST(round(:ttl * 1000000) AS INTEGER), 1, :now)
+ON CONFLICT (app) DO NOTHING
+RETURNING generation;
+
+-- name: owner_update
+UPDATE app_owners SET
+    posture = :posture,
+    holder = :holder,
+    lease_expires_at = :now + CAST(round(:ttl * 1000000) AS INTEGER),
+    generation = generation + :takeover,
+    updated_at = :now
+WHERE app = :app
+RETURNING generation;
+
+-- name: owner_lapse
+-- The runs an expired holder left in flight lapse now, under a new
+-- generation: the holder's writes are fenced off, and the ordinary claim
+-- recovers them.
+UPDATE runs SET
+    generation = generation + 1,
+    lease_expires_at = :now,
+    updated_at = :now
+WHERE app = :app AND state = 'running' AND worker = :holder
+RETURNING run_id;
+
+-- name: owner_drop
+DELETE FROM app_owners WHERE app = :app AND holder = :holder;

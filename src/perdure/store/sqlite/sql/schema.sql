@@ -13,6 +13,7 @@ CREATE TABLE perdure_schema (
 -- parent_close: 'cancel' if the run is canceled when its parent ends; NULL: it runs on.
 -- continued_as: the successor of a run that continued as new; origin: the first
 -- run of its chain (NULL for a run outside any chain).
+-- dry_run: 1 if only dry-run workers claim it (once and idempotent steps are described).
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     app TEXT NOT NULL,
@@ -45,7 +46,8 @@ CREATE TABLE runs (
     queue TEXT,
     queue_key TEXT,
     priority INTEGER NOT NULL DEFAULT 0,
-    started_at INTEGER
+    started_at INTEGER,
+    dry_run INTEGER NOT NULL DEFAULT 0
 );
 
 -- Idempotent creation: one run per (app, key).
@@ -227,4 +229,14 @@ CREATE TABLE queues (
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (app, name)
+);
+
+-- The ownership posture serving each app, its holder and until when it holds.
+CREATE TABLE app_owners (
+    app TEXT PRIMARY KEY,
+    posture TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    lease_expires_at INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
 );
