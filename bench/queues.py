@@ -11,7 +11,7 @@ queue at a time (start, claim, finish), first on an empty store, then with
 held), bulk-inserted with SQL. Then the same with the ready run itself in a
 second limited queue (``concurrency=1000``). Runs in the project's ``.venv``::
 
-    .venv/bin/python bench/queues.py [--stores sqlite,postgres] [--backlog 100000] [--claims 500]
+    .venv/bin/python bench/queues.py [--stores sqlite,postgres] [--backlog 100000] [--claims 500] [--parts w3,claims]
 
 Target: claim p99 with the backlog <= 2x the empty store's.
 """
@@ -149,16 +149,21 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--claims", type=int, default=500)
+    parser.add_argument("--parts", default="w3,claims", help="w3, claims or both (default)")
     options = parser.parse_args()
+    parts = set(options.parts.split(","))
     for kind in options.stores.split(","):
-        plain = throughput(kind, False, options.runs)
-        queued = throughput(kind, True, options.runs)
-        print(
-            f"| {kind} | W3 {options.runs}x10 steps/s | default {plain['steps_per_s']:.0f} "
-            f"| queue (concurrency 50) {queued['steps_per_s']:.0f} "
-            f"| ratio {queued['steps_per_s'] / plain['steps_per_s']:.2f} |",
-            flush=True,
-        )
+        if "w3" in parts:
+            plain = throughput(kind, False, options.runs)
+            queued = throughput(kind, True, options.runs)
+            print(
+                f"| {kind} | W3 {options.runs}x10 steps/s | default {plain['steps_per_s']:.0f} "
+                f"| queue (concurrency 50) {queued['steps_per_s']:.0f} "
+                f"| ratio {queued['steps_per_s'] / plain['steps_per_s']:.2f} |",
+                flush=True,
+            )
+        if "claims" not in parts:
+            continue
         cost = claim_cost(kind, options.backlog, options.claims)
         for run_in in ("free", "room"):
             empty, big = cost[f"empty_{run_in}"], cost[f"big_{run_in}"]
