@@ -60,6 +60,9 @@ Row = connection.Row
 Cursor = connection.Cursor
 
 _Q = sqlfiles.queries("postgres")
+_PLANNED_EACH_TIME = frozenset(
+    {"claim", "queue_ready", "queue_candidates", "queue_running", "queue_starts"}
+)
 
 
 class _BodyRaised(Exception):
@@ -120,7 +123,11 @@ class PostgresStore(
 
     def _exec(self, cur: Cursor, query: str, **params: Any) -> Cursor:
         """Execute a named query; ``now`` is always passed."""
-        return cur.execute(_Q[query], {"now": self._now(), **params})
+        # Claims are planned afresh each time: a plan prepared while the runs
+        # table was small (a worker's first minutes) stays slow once a backlog
+        # builds up, and a claim is one statement per claim, not per step.
+        prepare = False if query in _PLANNED_EACH_TIME else None
+        return cur.execute(_Q[query], {"now": self._now(), **params}, prepare=prepare)
 
     def _batch(self, arrays: dict[str, list[Any]]) -> dict[str, Any]:
         return arrays

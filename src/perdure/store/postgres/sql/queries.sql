@@ -151,7 +151,9 @@ WITH wanted AS (
       AND queue IS NULL AND (workflow, version) IN (SELECT workflow, version FROM wanted)
       AND dry_run = %(dry_run)s
       AND NOT run_id = ANY(%(exclude)s::text[])
-    ORDER BY created_at
+    -- ready_at is NULL here: ordering by it too names runs_claim's order, so a
+    -- backlog of other runs (in queues) cannot lure the planner onto runs_page.
+    ORDER BY ready_at, created_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ), backed_off AS (
