@@ -11,7 +11,8 @@ queue at a time (start, claim, finish), first on an empty store, then with
 held), bulk-inserted with SQL. Then the same with the ready run itself in a
 second limited queue (``concurrency=1000``). Runs in the project's ``.venv``::
 
-    .venv/bin/python bench/queues.py [--stores sqlite,postgres] [--backlog 100000] [--claims 500] [--parts w3,claims]
+    .venv/bin/python bench/queues.py [--stores sqlite,postgres] [--backlog 100000] \
+        [--claims 500] [--parts w3,claims]
 
 Target: claim p99 with the backlog <= 2x the empty store's.
 """

@@ -9,7 +9,7 @@ every thread the worker starts and prints Python function calls per step
 (deterministic, unlike the times). Run it against two checkouts in
 alternation::
 
-    PYTHONPATH=/work/before/src .venv/bin/python bench/step_cpu_w3.py 1500
+    PYTHONPATH=$BEFORE/src .venv/bin/python bench/step_cpu_w3.py 1500
     PYTHONPATH=src .venv/bin/python bench/step_cpu_w3.py 1500
 """
 

@@ -24,7 +24,7 @@ def _worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
             "-m",
             "perdure",
             "worker",
-            "app:app",
+            "cursor_loop:app",
             "--lease-ttl",
             "1",
             "--heartbeat",

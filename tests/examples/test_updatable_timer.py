@@ -31,7 +31,7 @@ LIMIT = 30.0
 @pytest.fixture
 def example(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     monkeypatch.setenv("PERDURE_STORE", store_url)
-    spec = importlib.util.spec_from_file_location("updatable_timer_example", EXAMPLE / "app.py")
+    spec = importlib.util.spec_from_file_location("updatable_timer_example", EXAMPLE / "alarm.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -44,7 +44,7 @@ def example(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleT
 def worker(store_url: str, tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PERDURE_STORE": store_url, "PYTHONPATH": str(EXAMPLE)}
     command = [
-        sys.executable, "-m", "perdure", "worker", "app:app",
+        sys.executable, "-m", "perdure", "worker", "alarm:app",
         "--lease-ttl", "2", "--heartbeat", "0.5",
     ]  # fmt: skip
     with open(tmp_path / f"{name}.log", "wb") as log:

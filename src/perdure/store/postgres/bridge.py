@@ -71,8 +71,8 @@ class Cursor:
     def __init__(self, cursor: psycopg.AsyncCursor[Any]) -> None:
         self._cursor = cursor
 
-    def execute(self, query: Any, params: Any = None) -> Cursor:
-        await_(self._cursor.execute(query, params))
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None) -> Cursor:
+        await_(self._cursor.execute(query, params, prepare=prepare))
         return self
 
     def fetchone(self) -> Any:

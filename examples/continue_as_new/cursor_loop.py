@@ -8,8 +8,8 @@ iterations the loop makes; the first run id answers for the whole chain.
 Run it::
 
     export PERDURE_STORE=sqlite:///loop.db     # or postgresql://...
-    perdure worker app:app &                   # from this folder
-    python app.py start 10                     # prints the first run id, waits for the result
+    perdure worker cursor_loop:app &           # from this folder
+    python cursor_loop.py start 10             # prints the first run id, waits for the result
     perdure show <first run id>                # the current run and the chain
 
 ``LOOP_LOG`` (optional) names a file each iteration's step appends a line to.

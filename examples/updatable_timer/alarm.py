@@ -10,12 +10,12 @@ while the alarm waits changes nothing: the next one rings at the same instant.
 Served by a worker (from this directory)::
 
     export PERDURE_STORE=sqlite:///alarm.db
-    perdure worker app:app
-    perdure start app:app alarm --args '["2030-01-01T07:00:00+00:00"]'
+    perdure worker alarm:app
+    perdure start alarm:app alarm --args '["2030-01-01T07:00:00+00:00"]'
     perdure update RUN move --payload '"2030-01-01T06:30:00+00:00"'
     perdure signal RUN stop --payload '"slept in"'
 
-``python app.py`` tells the whole story in one process, with a short timer.
+``python alarm.py`` tells the whole story in one process, with a short timer.
 """
 
 from __future__ import annotations
