@@ -11,6 +11,8 @@ alternation::
 
     PYTHONPATH=$BEFORE/src .venv/bin/python bench/step_cpu_w3.py 1500
     PYTHONPATH=src .venv/bin/python bench/step_cpu_w3.py 1500
+
+$OWNERSHIP picks the worker's posture (run-lease, none, store-lease).
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ def main() -> None:
 
     profiles = _profile_threads(args.cpu) if args.calls else []
     options: dict[str, Any] = {}
+    if os.environ.get("OWNERSHIP"):
+        # The worker's posture: run-lease (the default), none or store-lease.
+        options["ownership"] = os.environ["OWNERSHIP"]
     cpu, wall = time.process_time(), time.perf_counter()
     with app.worker(**options):
         while done() < args.count:
