@@ -56,6 +56,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from perdure import errors
+from perdure.store import planport
 
 RunState = Literal[
     "queued",
@@ -111,6 +112,11 @@ LEDGER_KINDS: frozenset[str] = frozenset(
         "suspend_requested",
         "suspended",
         "resumed",
+        "task_claimed",
+        "task_completed",
+        "task_failed",
+        "task_blocked",
+        "task_recovered",
         "continued",
     }
 )
@@ -155,6 +161,8 @@ class NewRun:
     priority: int = 0
     # Claimed only by dry-run claims; a child of a dry run is dry whatever this says.
     dry_run: bool = False
+    # A plan run: its shape's digest and tasks (perdure.store.planport); None: a workflow run.
+    plan: planport.PlanSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +213,9 @@ class Run:
     priority: int = 0
     # Claimed only by dry-run claims (see ``Store.claim``).
     dry_run: bool = False
+    # A plan run's shape digest and scheduling policy (perdure.store.planport).
+    plan_digest: str | None = None
+    plan_policy: int | None = None
 
 
 def same_start(found: Run, new: NewRun, read: Callable[[str], Any] = json.loads) -> bool:

@@ -33,7 +33,10 @@ _COLUMNS = {
     "run": "run_id app workflow version state input result error key parent_id generation "
     "failures worker lease_expires_at ready_at cancel_requested ledger_sequence ledger_limit "
     "created_at updated_at deadline suspend_requested suspended_from continued_as origin "
-    "queue queue_key priority",
+    "queue queue_key priority plan_digest plan_policy",
+    "task": "run_id name position parents effect state generation attempt recoveries "
+    "max_recoveries worker lease_expires_at ready_at effect_started output error blocked_by "
+    "created_at updated_at started_at ended_at",
     "journal": "position kind name status output error attempt",
     "ledger": "run_id sequence kind at generation worker step digest note",
     "wait": "run_id app name kind deadline created_at",
@@ -59,6 +62,10 @@ INVARIANTS: dict[str, str] = {
     "outcome_missing": "an outcome record that was refused as a duplicate cannot be read",
     "chain_current": "a chain of runs that continued as new has no current run",
     "chain_links": "the runs of a chain do not form one line of successors",
+    "task_claim": "a running task has no worker, lease or claim",
+    "task_parents": "a task ran or succeeded while a parent had not succeeded",
+    "task_unknown_parent": "a task names a parent the plan run does not have",
+    "task_run": "a task belongs to a run that is not a plan run, or runs in a run that ended",
 }
 """Every invariant an adapter names when it refuses what it read or would write."""
 
@@ -229,6 +236,10 @@ class Reader:
     def _columns(self, record: str, row: Row) -> _Columns:
         return _Columns(self._encoding, record, row)
 
+    def columns(self, record: str, row: Row) -> _Columns:
+        """Return checked access to the columns of a ``record`` row."""
+        return _Columns(self._encoding, record, row)
+
     def instant(self, row: Row, column: str, record: str = "run") -> datetime:
         """Return ``row[column]`` as an aware UTC instant."""
         return self._columns(record, row).instant(column)
@@ -242,7 +253,9 @@ class Reader:
         if worker is not None and not port.WORKER_ID.match(worker):
             raise corrupt(run_id, "run_worker_id", f"worker id {worker[:40]!r}")
         lease = c.opt_instant("lease_expires_at")
-        if state == "running" and (worker is None or lease is None):
+        plan_digest = c.opt_text("plan_digest")
+        # A plan run has no owner of its own: its tasks hold the leases.
+        if state == "running" and plan_digest is None and (worker is None or lease is None):
             raise corrupt(run_id, "run_claim", "a running run has no worker or lease")
         return port.Run(
             run_id=run_id,
@@ -283,6 +296,8 @@ class Reader:
             if _value(row, "priority") is None
             else c.count("priority", queueport.PRIORITY_MIN),
             dry_run=c.flag("dry_run"),
+            plan_digest=plan_digest,
+            plan_policy=None if _value(row, "plan_policy") is None else c.count("plan_policy"),
         )
 
     def entry(self, row: Row) -> port.JournalEntry:

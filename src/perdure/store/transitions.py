@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 from perdure import errors
-from perdure.store import ledger, port, rows
+from perdure.store import ledger, planport, port, rows
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -225,6 +225,14 @@ class Transitions(abc.ABC, Generic[C]):
         self._exec(cur, "child_outcomes_put", **outcomes)
         self._woken(cur, self._exec(cur, "wake_parents", **self._batch(pairs)).fetchall())
 
+    def _admit_plan(self, cur: C, run_id: str, plan: planport.PlanSpec) -> None:
+        """Store a just-created plan run's tasks (the plans section overrides this)."""
+        raise errors.InvalidInput("this store keeps no plan runs")
+
+    def _cancel_plans(self, cur: C, asked: Sequence[Row]) -> list[Row]:
+        """Settle the plan runs among runs just asked to cancel; return those it ended."""
+        return []
+
     # -- runs -----------------------------------------------------------------------
 
     def create_run(
@@ -237,12 +245,16 @@ class Transitions(abc.ABC, Generic[C]):
         entries = rows.checked_entries(new.run_id, journal)
 
         def work(cur: C) -> tuple[port.Run, bool]:
+            params = {k: v for k, v in vars(new).items() if k != "plan"}
             row = self._exec(
-                cur, "create_run", ledger_limit=self._ledger_limit, **vars(new)
+                cur, "create_run", ledger_limit=self._ledger_limit, **params
             ).fetchone()
             if row is not None:
                 self._append(cur, [ledger.Receipt(new.run_id, 1, "initialized", 0, None)])
                 self._put_journal(cur, new.run_id, entries)
+                if new.plan is not None:
+                    self._admit_plan(cur, new.run_id, new.plan)
+                    row = self._exec(cur, "run_by_id", run_id=new.run_id).fetchone()
                 self._notify(cur, [new.app])
                 return self.read.run(row), True
             found = None
@@ -276,6 +288,11 @@ class Transitions(abc.ABC, Generic[C]):
             self._append(
                 cur, [ledger.Receipt(r["run_id"], 1, "initialized", 0, None) for r in made]
             )
+            plans = {c.run_id: c.plan for c in children if c.plan is not None}
+            for r in made:
+                plan = plans.get(r["run_id"])
+                if plan is not None:
+                    self._admit_plan(cur, r["run_id"], plan)
             apps = [r["app"] for r in made]
             if apps:
                 self._notify(cur, apps)
@@ -679,11 +696,14 @@ class Transitions(abc.ABC, Generic[C]):
             canceled = self._exec(cur, "cancel_now", run_ids=fresh).fetchall()
             requested = self._exec(cur, "cancel_request", run_ids=fresh).fetchall()
             ended += canceled
+            settled = self._cancel_plans(cur, requested)
             receipts += [
                 ledger.Receipt(r["run_id"], r["ledger_sequence"], kind, r["generation"], None)
                 for kind, found in (("canceled", canceled), ("cancel_requested", requested))
                 for r in found
             ]
+            # A plan run with no task running ended now (its receipt is appended).
+            ended += settled
         self._append(cur, receipts)
         # Every cancel is stored before any parent outcome, so a parent
         # canceled in this call receives none.

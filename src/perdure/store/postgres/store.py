@@ -36,6 +36,7 @@ import psycopg.errors
 
 from perdure import errors
 from perdure.store import (
+    planning,
     appschema,
     census,
     chaining,
@@ -76,6 +77,7 @@ class _BodyRaised(Exception):
 class PostgresStore(
     connection.Connections,
     chaining.ChainTransitions[Cursor],
+    planning.PlanTransitions[Cursor],
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],

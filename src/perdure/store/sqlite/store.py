@@ -28,6 +28,7 @@ from typing import Any
 
 from perdure import errors
 from perdure.store import (
+    planning,
     appschema,
     census,
     chaining,
@@ -64,6 +65,7 @@ class _Poll:
 class SqliteStore(
     connection.Connections,
     chaining.ChainTransitions[Cursor],
+    planning.PlanTransitions[Cursor],
     surface.SurfaceTransitions[Cursor],
     surface.RetentionTransitions[Cursor],
     scheduling.ScheduleTransitions[Cursor],

@@ -355,7 +355,8 @@ UPDATE perdure.runs SET
     state = 'waiting',
     worker = NULL,
     lease_expires_at = NULL,
-    ready_at = %(ready_at)s::timestamptz,
+    ready_at = CASE WHEN %(delay)s::float8 IS NULL THEN NULL
+        ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(delay)s::float8) END,
     ledger_sequence = ledger_sequence + 1,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s
@@ -847,6 +848,8 @@ WITH journal_gone AS (
     DELETE FROM perdure.messages WHERE run_id = ANY(%(run_ids)s::text[])
 ), updates_gone AS (
     DELETE FROM perdure.updates WHERE run_id = ANY(%(run_ids)s::text[])
+), tasks_gone AS (
+    DELETE FROM perdure.tasks WHERE run_id = ANY(%(run_ids)s::text[])
 )
 DELETE FROM perdure.runs
 WHERE run_id = ANY(%(run_ids)s::text[]) AND state IN ('succeeded', 'failed', 'canceled')
@@ -1349,3 +1352,199 @@ RETURNING run_id;
 
 -- name: owner_drop
 DELETE FROM perdure.app_owners WHERE app = %(app)s AND holder = %(holder)s;
+
+-- == plans: tasks claimed one by one (perdure.store.planning) ================
+
+-- name: plan_admit
+-- A plan run has no owner of its own: it runs while its tasks do.
+UPDATE perdure.runs SET
+    state = 'running',
+    plan_digest = %(digest)s,
+    plan_policy = %(policy)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'queued' AND generation = 0;
+
+-- name: task_insert
+INSERT INTO perdure.tasks (
+    run_id, name, position, parents, effect, state, max_recoveries, output,
+    created_at, updated_at, ended_at
+)
+VALUES (
+    %(run_id)s, %(name)s, %(position)s, %(parents)s::jsonb, %(effect)s,
+    CASE WHEN %(output)s::text IS NULL THEN 'pending' ELSE 'succeeded' END,
+    %(max_recoveries)s, %(output)s::text, coalesce(%(now)s::timestamptz, statement_timestamp()), coalesce(%(now)s::timestamptz, statement_timestamp()),
+    CASE WHEN %(output)s::text IS NULL THEN NULL ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END
+);
+
+-- name: tasks_of_run
+SELECT * FROM perdure.tasks WHERE run_id = %(run_id)s ORDER BY position;
+
+-- name: task_candidates
+-- Pending tasks whose parents all succeeded (each read again by task_claim
+-- under the lock), then lapsed ones, of running plan runs of the served
+-- names and versions; the caller compares digests.
+WITH wanted AS (
+    SELECT e->>0 AS workflow, e->>1 AS version
+    FROM jsonb_array_elements(%(plans)s::jsonb) AS e
+)
+SELECT * FROM (
+    SELECT t.run_id, t.name, t.state, r.workflow, r.version, r.plan_digest,
+           r.created_at AS run_created_at, t.position
+    FROM perdure.tasks AS t JOIN perdure.runs AS r ON r.run_id = t.run_id
+    WHERE t.state = 'pending' AND (t.ready_at IS NULL OR t.ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp()))
+      AND r.app = %(app)s AND r.state = 'running' AND NOT r.cancel_requested
+      AND (r.workflow, r.version) IN (SELECT workflow, version FROM wanted)
+      AND NOT EXISTS (
+          SELECT 1 FROM jsonb_array_elements_text(t.parents) AS p(name)
+          JOIN perdure.tasks AS up ON up.run_id = t.run_id AND up.name = p.name
+          WHERE up.state <> 'succeeded'
+      )
+    UNION ALL
+    SELECT t.run_id, t.name, t.state, r.workflow, r.version, r.plan_digest,
+           r.created_at, t.position
+    FROM perdure.tasks AS t JOIN perdure.runs AS r ON r.run_id = t.run_id
+    WHERE t.state = 'running' AND t.lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND coalesce(%(now)s::timestamptz, statement_timestamp()) <= %(recover_until)s::timestamptz
+      AND r.app = %(app)s AND r.state = 'running' AND NOT r.cancel_requested
+      AND (r.workflow, r.version) IN (SELECT workflow, version FROM wanted)
+) AS c
+ORDER BY run_created_at, run_id, position
+LIMIT %(limit)s;
+
+-- name: task_lapsed_canceling
+-- Tasks whose worker is gone, of runs being canceled: no claim will take them.
+SELECT t.run_id, t.name FROM perdure.tasks AS t JOIN perdure.runs AS r ON r.run_id = t.run_id
+WHERE t.state = 'running' AND t.lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+  AND coalesce(%(now)s::timestamptz, statement_timestamp()) <= %(recover_until)s::timestamptz
+  AND r.app = %(app)s AND r.state = 'running' AND r.cancel_requested
+ORDER BY t.run_id, t.position;
+
+-- name: task_claim
+-- Every precondition again, after the run's row is locked.
+UPDATE perdure.tasks SET
+    state = 'running',
+    generation = generation + 1,
+    attempt = attempt + 1,
+    recoveries = recoveries + (state = 'running')::integer,
+    worker = %(worker)s,
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(lease_ttl)s::float8),
+    ready_at = NULL,
+    effect_started = false,
+    started_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND name = %(name)s
+  AND EXISTS (
+      SELECT 1 FROM perdure.runs AS r
+      WHERE r.run_id = tasks.run_id AND r.state = 'running' AND NOT r.cancel_requested
+  )
+  AND (
+      (state = 'pending' AND (ready_at IS NULL OR ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())) AND NOT EXISTS (
+          SELECT 1 FROM jsonb_array_elements_text(tasks.parents) AS p(name)
+          JOIN perdure.tasks AS up ON up.run_id = tasks.run_id AND up.name = p.name
+          WHERE up.state <> 'succeeded'
+      ))
+      OR (state = 'running' AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp()))
+  )
+RETURNING *;
+
+-- name: task_parent_outputs
+SELECT up.name, up.output
+FROM perdure.tasks AS t
+CROSS JOIN LATERAL jsonb_array_elements_text(t.parents) AS p(name)
+JOIN perdure.tasks AS up ON up.run_id = t.run_id AND up.name = p.name
+WHERE t.run_id = %(run_id)s AND t.name = %(name)s;
+
+-- name: task_renew
+UPDATE perdure.tasks SET
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(lease_ttl)s::float8)
+WHERE run_id = %(run_id)s AND name = %(name)s AND generation = %(generation)s
+  AND state = 'running'
+RETURNING lease_expires_at;
+
+-- name: task_effect
+UPDATE perdure.tasks SET effect_started = true, attempt = %(attempt)s, updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND name = %(name)s AND generation = %(generation)s
+  AND state = 'running'
+RETURNING name;
+
+-- name: task_retry
+UPDATE perdure.tasks SET effect_started = false, attempt = %(attempt)s, error = %(error)s,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND name = %(name)s AND generation = %(generation)s
+  AND state = 'running'
+RETURNING name;
+
+-- name: task_end
+-- The fenced final write of a claimed task (and of a lapsed one, by the
+-- claim that settles it: generation is then the one read under the lock).
+UPDATE perdure.tasks SET
+    state = %(state)s,
+    output = %(output)s,
+    error = %(error)s,
+    worker = CASE WHEN %(state)s = 'pending' THEN NULL ELSE worker END,
+    lease_expires_at = NULL,
+    ready_at = %(ready_at)s::timestamptz,
+    attempt = CASE WHEN %(state)s = 'pending' THEN attempt - 1 ELSE attempt END,
+    ended_at = CASE WHEN %(state)s = 'pending' THEN NULL ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND name = %(name)s AND generation = %(generation)s
+  AND state = 'running'
+RETURNING name;
+
+-- name: task_block
+-- Every pending descendant of the task, at any depth, is blocked by it.
+WITH RECURSIVE below(name) AS (
+    SELECT t.name FROM perdure.tasks AS t
+    WHERE t.run_id = %(run_id)s AND t.parents ? %(name)s
+    UNION
+    SELECT t.name FROM perdure.tasks AS t JOIN below AS b ON t.parents ? b.name
+    WHERE t.run_id = %(run_id)s
+)
+UPDATE perdure.tasks SET state = 'blocked', blocked_by = %(name)s, ended_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'pending' AND name IN (SELECT name FROM below)
+RETURNING name;
+
+-- name: task_unblock
+UPDATE perdure.tasks SET state = 'pending', blocked_by = NULL, ended_at = NULL, updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'blocked' AND blocked_by = %(name)s
+RETURNING name;
+
+-- name: task_cancel_pending
+UPDATE perdure.tasks SET state = 'canceled', ended_at = coalesce(%(now)s::timestamptz, statement_timestamp()), updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'pending'
+RETURNING name;
+
+-- name: task_resolve
+UPDATE perdure.tasks SET state = 'succeeded', output = %(output)s, error = NULL,
+    ended_at = coalesce(%(now)s::timestamptz, statement_timestamp()), updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND name = %(name)s AND state = 'needs_attention'
+RETURNING name;
+
+-- name: plan_touch
+-- Receipts of a task transition are numbered on its run.
+UPDATE perdure.runs SET ledger_sequence = ledger_sequence + %(receipts)s, updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s
+RETURNING ledger_sequence, generation;
+
+-- name: plan_end
+UPDATE perdure.runs SET
+    state = %(state)s,
+    result = %(result)s,
+    error = %(error)s,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'running' AND plan_digest IS NOT NULL
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
+
+-- name: plan_reopen
+UPDATE perdure.runs SET state = 'running', error = NULL, ledger_sequence = ledger_sequence + 1,
+    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'needs_attention' AND plan_digest IS NOT NULL
+RETURNING ledger_sequence, generation;
+
+-- name: plan_mismatch
+UPDATE perdure.runs SET state = 'needs_attention', error = %(error)s,
+    ledger_sequence = ledger_sequence + 1, updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE run_id = %(run_id)s AND state = 'running' AND plan_digest IS NOT NULL
+RETURNING ledger_sequence, generation;

@@ -57,6 +57,9 @@ CREATE TABLE perdure.runs (
     started_at timestamptz,
     -- true if only dry-run workers claim it (once and idempotent steps are described).
     dry_run boolean NOT NULL DEFAULT false,
+    -- A plan run's shape digest and scheduling policy (NULL: a workflow run).
+    plan_digest text,
+    plan_policy integer,
     -- Idempotent creation: one run per (app, key); runs without a key never collide.
     CONSTRAINT runs_app_key UNIQUE (app, key)
 );
@@ -256,3 +259,33 @@ CREATE TABLE perdure.app_owners (
     generation bigint NOT NULL,
     updated_at timestamptz NOT NULL
 );
+
+-- The tasks of plan runs (0016), each claimed on its own.
+CREATE TABLE perdure.tasks (
+    run_id text NOT NULL,
+    name text NOT NULL,
+    position integer NOT NULL,
+    parents jsonb NOT NULL,
+    effect text NOT NULL,
+    state text NOT NULL,
+    generation bigint NOT NULL DEFAULT 0,
+    attempt integer NOT NULL DEFAULT 0,
+    recoveries integer NOT NULL DEFAULT 0,
+    max_recoveries integer NOT NULL,
+    worker text,
+    lease_expires_at timestamptz,
+    ready_at timestamptz,
+    effect_started boolean NOT NULL DEFAULT false,
+    output text,
+    error text,
+    blocked_by text,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    started_at timestamptz,
+    ended_at timestamptz,
+    PRIMARY KEY (run_id, name)
+);
+
+-- Claims read only the tasks that can still run.
+CREATE INDEX tasks_open ON perdure.tasks (state, run_id, position)
+    WHERE state IN ('pending', 'running');

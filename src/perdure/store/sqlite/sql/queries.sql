@@ -678,6 +678,7 @@ DELETE FROM waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 DELETE FROM outcomes WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 DELETE FROM messages WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 DELETE FROM updates WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+DELETE FROM tasks WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 DELETE FROM runs
 WHERE run_id IN (SELECT value FROM json_each(:run_ids))
   AND state IN ('succeeded', 'failed', 'canceled')
@@ -1141,3 +1142,189 @@ RETURNING run_id;
 
 -- name: owner_drop
 DELETE FROM app_owners WHERE app = :app AND holder = :holder;
+
+-- == plans: tasks claimed one by one (perdure.store.planning) ================
+
+-- name: plan_admit
+-- A plan run has no owner of its own: it runs while its tasks do.
+UPDATE runs SET
+    state = 'running',
+    plan_digest = :digest,
+    plan_policy = :policy,
+    updated_at = :now
+WHERE run_id = :run_id AND state = 'queued' AND generation = 0;
+
+-- name: task_insert
+INSERT INTO tasks (
+    run_id, name, position, parents, effect, state, max_recoveries, output,
+    created_at, updated_at, ended_at
+)
+VALUES (
+    :run_id, :name, :position, :parents, :effect,
+    CASE WHEN :output IS NULL THEN 'pending' ELSE 'succeeded' END,
+    :max_recoveries, :output, :now, :now,
+    CASE WHEN :output IS NULL THEN NULL ELSE :now END
+);
+
+-- name: tasks_of_run
+SELECT * FROM tasks WHERE run_id = :run_id ORDER BY position;
+
+-- name: task_candidates
+-- Pending tasks whose parents all succeeded (each read again by task_claim
+-- under the lock), then lapsed ones, of running plan runs of the served
+-- names and versions; the caller compares digests.
+WITH wanted(workflow, version) AS (
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:plans)
+)
+SELECT * FROM (
+    SELECT t.run_id, t.name, t.state, r.workflow, r.version, r.plan_digest,
+           r.created_at AS run_created_at, t.position
+    FROM tasks AS t JOIN runs AS r ON r.run_id = t.run_id
+    WHERE t.state = 'pending' AND (t.ready_at IS NULL OR t.ready_at <= :now)
+      AND r.app = :app AND r.state = 'running' AND r.cancel_requested = 0
+      AND (r.workflow, r.version) IN (SELECT workflow, version FROM wanted)
+      AND NOT EXISTS (
+          SELECT 1 FROM json_each(t.parents) AS p
+          JOIN tasks AS up ON up.run_id = t.run_id AND up.name = p.value
+          WHERE up.state <> 'succeeded'
+      )
+    UNION ALL
+    SELECT t.run_id, t.name, t.state, r.workflow, r.version, r.plan_digest,
+           r.created_at, t.position
+    FROM tasks AS t JOIN runs AS r ON r.run_id = t.run_id
+    WHERE t.state = 'running' AND t.lease_expires_at <= :now AND :now <= :recover_until
+      AND r.app = :app AND r.state = 'running' AND r.cancel_requested = 0
+      AND (r.workflow, r.version) IN (SELECT workflow, version FROM wanted)
+)
+ORDER BY run_created_at, run_id, position
+LIMIT :limit;
+
+-- name: task_lapsed_canceling
+-- Tasks whose worker is gone, of runs being canceled: no claim will take them.
+SELECT t.run_id, t.name FROM tasks AS t JOIN runs AS r ON r.run_id = t.run_id
+WHERE t.state = 'running' AND t.lease_expires_at <= :now AND :now <= :recover_until
+  AND r.app = :app AND r.state = 'running' AND r.cancel_requested = 1
+ORDER BY t.run_id, t.position;
+
+-- name: task_claim
+-- Every precondition again, under the write lock.
+UPDATE tasks SET
+    state = 'running',
+    generation = generation + 1,
+    attempt = attempt + 1,
+    recoveries = recoveries + (state = 'running'),
+    worker = :worker,
+    lease_expires_at = :now + CAST(round(:lease_ttl * 1000000) AS INTEGER),
+    ready_at = NULL,
+    effect_started = 0,
+    started_at = :now,
+    updated_at = :now
+WHERE run_id = :run_id AND name = :name
+  AND EXISTS (
+      SELECT 1 FROM runs AS r
+      WHERE r.run_id = tasks.run_id AND r.state = 'running' AND r.cancel_requested = 0
+  )
+  AND (
+      (state = 'pending' AND (ready_at IS NULL OR ready_at <= :now) AND NOT EXISTS (
+          SELECT 1 FROM json_each(tasks.parents) AS p
+          JOIN tasks AS up ON up.run_id = tasks.run_id AND up.name = p.value
+          WHERE up.state <> 'succeeded'
+      ))
+      OR (state = 'running' AND lease_expires_at <= :now)
+  )
+RETURNING *;
+
+-- name: task_parent_outputs
+SELECT up.name, up.output FROM tasks AS t, json_each(t.parents) AS p
+JOIN tasks AS up ON up.run_id = t.run_id AND up.name = p.value
+WHERE t.run_id = :run_id AND t.name = :name;
+
+-- name: task_renew
+UPDATE tasks SET
+    lease_expires_at = :now + CAST(round(:lease_ttl * 1000000) AS INTEGER)
+WHERE run_id = :run_id AND name = :name AND generation = :generation AND state = 'running'
+RETURNING lease_expires_at;
+
+-- name: task_effect
+UPDATE tasks SET effect_started = 1, attempt = :attempt, updated_at = :now
+WHERE run_id = :run_id AND name = :name AND generation = :generation AND state = 'running'
+RETURNING name;
+
+-- name: task_retry
+UPDATE tasks SET effect_started = 0, attempt = :attempt, error = :error, updated_at = :now
+WHERE run_id = :run_id AND name = :name AND generation = :generation AND state = 'running'
+RETURNING name;
+
+-- name: task_end
+-- The fenced final write of a claimed task (and of a lapsed one, by the
+-- claim that settles it: generation is then the one read under the lock).
+UPDATE tasks SET
+    state = :state,
+    output = :output,
+    error = :error,
+    worker = CASE WHEN :state = 'pending' THEN NULL ELSE worker END,
+    lease_expires_at = NULL,
+    ready_at = CASE WHEN :delay IS NULL THEN NULL
+        ELSE :now + CAST(round(:delay * 1000000) AS INTEGER) END,
+    attempt = CASE WHEN :state = 'pending' THEN attempt - 1 ELSE attempt END,
+    ended_at = CASE WHEN :state = 'pending' THEN NULL ELSE :now END,
+    updated_at = :now
+WHERE run_id = :run_id AND name = :name AND generation = :generation AND state = 'running'
+RETURNING name;
+
+-- name: task_block
+-- Every pending descendant of :name, at any depth, is blocked by it.
+WITH RECURSIVE below(name) AS (
+    SELECT t.name FROM tasks AS t, json_each(t.parents) AS p
+    WHERE t.run_id = :run_id AND p.value = :name
+    UNION
+    SELECT t.name FROM tasks AS t, json_each(t.parents) AS p JOIN below AS b ON p.value = b.name
+    WHERE t.run_id = :run_id
+)
+UPDATE tasks SET state = 'blocked', blocked_by = :name, ended_at = :now, updated_at = :now
+WHERE run_id = :run_id AND state = 'pending' AND name IN (SELECT name FROM below)
+RETURNING name;
+
+-- name: task_unblock
+UPDATE tasks SET state = 'pending', blocked_by = NULL, ended_at = NULL, updated_at = :now
+WHERE run_id = :run_id AND state = 'blocked' AND blocked_by = :name
+RETURNING name;
+
+-- name: task_cancel_pending
+UPDATE tasks SET state = 'canceled', ended_at = :now, updated_at = :now
+WHERE run_id = :run_id AND state = 'pending'
+RETURNING name;
+
+-- name: task_resolve
+UPDATE tasks SET state = 'succeeded', output = :output, error = NULL, ended_at = :now,
+    updated_at = :now
+WHERE run_id = :run_id AND name = :name AND state = 'needs_attention'
+RETURNING name;
+
+-- name: plan_touch
+-- Receipts of a task transition are numbered on its run.
+UPDATE runs SET ledger_sequence = ledger_sequence + :receipts, updated_at = :now
+WHERE run_id = :run_id
+RETURNING ledger_sequence, generation;
+
+-- name: plan_end
+UPDATE runs SET
+    state = :state,
+    result = :result,
+    error = :error,
+    ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state = 'running' AND plan_digest IS NOT NULL
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
+
+-- name: plan_reopen
+UPDATE runs SET state = 'running', error = NULL, ledger_sequence = ledger_sequence + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state = 'needs_attention' AND plan_digest IS NOT NULL
+RETURNING ledger_sequence, generation;
+
+-- name: plan_mismatch
+UPDATE runs SET state = 'needs_attention', error = :error,
+    ledger_sequence = ledger_sequence + 1, updated_at = :now
+WHERE run_id = :run_id AND state = 'running' AND plan_digest IS NOT NULL
+RETURNING ledger_sequence, generation;

@@ -14,6 +14,7 @@ CREATE TABLE perdure_schema (
 -- continued_as: the successor of a run that continued as new; origin: the first
 -- run of its chain (NULL for a run outside any chain).
 -- dry_run: 1 if only dry-run workers claim it (once and idempotent steps are described).
+-- plan_digest, plan_policy: a plan run's shape digest and scheduling policy (NULL: a workflow run).
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     app TEXT NOT NULL,
@@ -47,7 +48,9 @@ CREATE TABLE runs (
     queue_key TEXT,
     priority INTEGER NOT NULL DEFAULT 0,
     started_at INTEGER,
-    dry_run INTEGER NOT NULL DEFAULT 0
+    dry_run INTEGER NOT NULL DEFAULT 0,
+    plan_digest TEXT,
+    plan_policy INTEGER
 );
 
 -- Idempotent creation: one run per (app, key).
@@ -240,3 +243,32 @@ CREATE TABLE app_owners (
     generation INTEGER NOT NULL,
     updated_at INTEGER NOT NULL
 );
+
+-- The tasks of plan runs (0016), each claimed on its own.
+CREATE TABLE tasks (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    parents TEXT NOT NULL,
+    effect TEXT NOT NULL,
+    state TEXT NOT NULL,
+    generation INTEGER NOT NULL DEFAULT 0,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    recoveries INTEGER NOT NULL DEFAULT 0,
+    max_recoveries INTEGER NOT NULL,
+    worker TEXT,
+    lease_expires_at INTEGER,
+    ready_at INTEGER,
+    effect_started INTEGER NOT NULL DEFAULT 0,
+    output TEXT,
+    error TEXT,
+    blocked_by TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    started_at INTEGER,
+    ended_at INTEGER,
+    PRIMARY KEY (run_id, name)
+) WITHOUT ROWID;
+
+-- Claims read only the tasks that can still run.
+CREATE INDEX tasks_open ON tasks (state, run_id, position) WHERE state IN ('pending', 'running');
