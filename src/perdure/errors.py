@@ -11,6 +11,7 @@ The tree::
     │   │       ├── PayloadMissing           payload_missing   (not in the payload store)
     │   │       └── PayloadDigestMismatch    payload_digest_mismatch
     │   ├── InvalidStoreURL                  invalid_store_url
+    │   ├── InvalidPlan                      invalid_plan      (a plan's task or shape is refused)
     │   ├── InvalidQueue                     invalid_queue     (bad limits, priority or queue key)
     │   ├── UnknownQueue                     unknown_queue     (a start names no declared queue)
     │   ├── ImportFailed                     import_failed     (MODULE:APP does not import)
@@ -86,6 +87,7 @@ __all__ = [
     "Interrupt",
     "InvalidInput",
     "InvalidPayload",
+    "InvalidPlan",
     "InvalidQueue",
     "InvalidStoreURL",
     "KeyConflict",
@@ -153,6 +155,18 @@ class InvalidInput(PerdureError, ValueError):
     """The input is malformed."""
 
     code = "invalid_input"
+
+
+class InvalidPlan(InvalidInput):
+    """A plan's declaration is refused; the message names the task at fault."""
+
+    code = "invalid_plan"
+
+    def __init__(self, task: str, message: str) -> None:
+        self.task = task
+        # Callers may write the name into their sentence; otherwise it leads.
+        named = not task or repr(task) in message
+        super().__init__(message if named else f"task {task!r}: {message}")
 
 
 class InvalidQueue(InvalidInput):

@@ -1,4 +1,4 @@
-"""The public records perdure hands back: runs, receipts, waits, messages, history."""
+"""The public records perdure hands back: runs, tasks, receipts, waits, messages, history."""
 
 from __future__ import annotations
 
@@ -160,6 +160,37 @@ class StepAttempt:
     message: str
     traceback: str | None
     duration: float | None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A task of a plan's run, as a client sees it.
+
+    ``state`` is one of ``pending`` (a parent has not succeeded), ``running``,
+    ``succeeded``, ``failed``, ``blocked`` (an ancestor failed or needs
+    attention; ``blocked_by`` names that ancestor), ``canceled`` or
+    ``needs_attention``. ``attempt`` counts the task's attempts; ``output`` is
+    its result once it succeeded; ``error`` is a dict with ``code`` and
+    ``message`` once it failed; ``worker`` is the id (host and pid) of the
+    worker that last claimed it. ``effect`` is the task's effect class and
+    ``parents`` the tasks it runs after. ``generation`` grows at each claim
+    (the fence of its writes), ``recoveries`` counts claims taken over from a
+    worker that died.
+    """
+
+    name: str
+    state: str
+    attempt: int
+    output: Any
+    error: dict[str, Any] | None
+    blocked_by: str | None
+    worker: str | None
+    effect: str = "idempotent"
+    parents: tuple[str, ...] = ()
+    generation: int = 0
+    recoveries: int = 0
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 @dataclass(frozen=True)
