@@ -355,8 +355,7 @@ UPDATE perdure.runs SET
     state = 'waiting',
     worker = NULL,
     lease_expires_at = NULL,
-    ready_at = CASE WHEN %(delay)s::float8 IS NULL THEN NULL
-        ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(delay)s::float8) END,
+    ready_at = %(ready_at)s::timestamptz,
     ledger_sequence = ledger_sequence + 1,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s
@@ -1483,7 +1482,8 @@ UPDATE perdure.tasks SET
     error = %(error)s,
     worker = CASE WHEN %(state)s = 'pending' THEN NULL ELSE worker END,
     lease_expires_at = NULL,
-    ready_at = %(ready_at)s::timestamptz,
+    ready_at = CASE WHEN %(delay)s::float8 IS NULL THEN NULL
+        ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(delay)s::float8) END,
     attempt = CASE WHEN %(state)s = 'pending' THEN attempt - 1 ELSE attempt END,
     ended_at = CASE WHEN %(state)s = 'pending' THEN NULL ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END,
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
