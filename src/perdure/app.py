@@ -12,18 +12,21 @@ from collections.abc import Callable, Coroutine, Iterator
 from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
-from perdure import client as client_api
 from perdure import (
+    appplans,
     codec,
     context,
     effects,
     errors,
     payloads,
+    plans,
     queues,
+    records,
     registry,
     schedules,
     timetable,
 )
+from perdure import client as client_api
 from perdure import codec as json_codec
 from perdure import telemetry as telemetry_api
 from perdure import worker as worker_api
@@ -62,7 +65,7 @@ class _ClientCall(Generic[P, R]):
         return cast(Callable[P, R], types.MethodType(self._call, app.client))
 
 
-class App(timetable.Timetable, queues.Queues):
+class App(timetable.Timetable, queues.Queues, appplans.PlanRegistry):
     """A named set of workflows and steps bound to one store.
 
     The store is opened on first use, so importing a module that defines an
@@ -128,6 +131,7 @@ class App(timetable.Timetable, queues.Queues):
         self._migrations: dict[int, Callable[[Any], object]] = {}
         self._schedules: dict[str, schedules.Schedule] = {}
         self._queues: dict[str, queues.Queue] = {}
+        self._plans: dict[str, plans.Plan] = {}
         self._store: port.Store | None = None if isinstance(store, str | None) else store
         self._store_given = self._store is not None
         self._client: client_api.Client | None = None
@@ -239,7 +243,7 @@ class App(timetable.Timetable, queues.Queues):
             wf_name = name or fn.__name__
             if not _NAME.match(wf_name):
                 raise errors.InvalidInput(f"workflow name {wf_name!r} must be a short identifier")
-            if wf_name in self._workflows:
+            if wf_name in self._workflows or wf_name in self._plans:
                 raise errors.InvalidInput(f"workflow {wf_name!r} is registered twice")
             params = codec.param_hints(fn)
             first = next(iter(inspect.signature(fn).parameters), None)
@@ -351,6 +355,9 @@ class App(timetable.Timetable, queues.Queues):
 
         return declare
 
+    def _plan_names_taken(self) -> set[str]:
+        return set(self._workflows)
+
     def workflow_def(self, name: str) -> registry.WorkflowDef | None:
         return self._workflows.get(name)
 
@@ -455,6 +462,9 @@ class App(timetable.Timetable, queues.Queues):
             errors.InvalidQueue: a queue key or priority without a queue, or a bad priority.
             errors.UnknownQueue: ``queue`` names no queue of the app.
         """
+        plan = self.plan_of(workflow)
+        if plan is not None:
+            return self._start_plan(plan, args, kwargs, key=key, dry_run=dry_run)
         name, version, hint = self.workflow_ref(workflow)
         wf = self._workflows[name]
         key, kwargs = registry.split_key(wf, workflow, key, kwargs)
@@ -474,6 +484,26 @@ class App(timetable.Timetable, queues.Queues):
             dry_run=dry,
             **placed,
         )
+
+    def _start_plan(
+        self,
+        plan: plans.Plan,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        key: Any,
+        dry_run: Any,
+    ) -> client_api.RunHandle[Any]:
+        """Start a run of ``plan``: its roots take ``args`` and ``kwargs``."""
+        if dry_run:
+            raise errors.InvalidInput(f"plan {plan.name!r}: a plan run cannot be a dry run")
+        appplans.check_start(plan, args, kwargs)
+        spec = appplans.plan_spec(plan)
+        return self.client.start(plan.name, plan.version, args, kwargs, key=key, plan=spec)
+
+    def tasks(self, run_id: str) -> list[records.TaskInfo]:
+        """Return the tasks of a plan run in declaration order (see ``perdure.TaskInfo``)."""
+        return self.client.tasks(run_id)
 
     def handle(self, run_id: str) -> client_api.RunHandle[Any]:
         """Return a handle on an existing run (its result typed by the workflow's hint)."""

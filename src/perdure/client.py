@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from perdure import (
+    appplans,
     codec,
     endings,
     errors,
@@ -32,7 +33,7 @@ from perdure import (
     validation,
 )
 from perdure import payloads as _payloads
-from perdure.store import controlport, port, queueport
+from perdure.store import controlport, planport, port, queueport
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -86,6 +87,14 @@ def decode_column(run_id: str, column: str, text: str | None) -> Any:
         raise errors.CorruptState(run_id, f"run_{column}_json", str(exc)) from exc
 
 
+def _opened_result(run: port.Run, opener: Callable[[Any], Any]) -> Any:
+    """A run's result, opened; a plan run's is its tasks' outputs, each sealed on its own."""
+    value = decode_column(run.run_id, "result", run.result)
+    if run.plan_digest is not None and isinstance(value, dict):
+        return {name: opener(output) for name, output in value.items()}
+    return opener(value)
+
+
 def run_info(run: port.Run, opener: Callable[[Any], Any] | None = None) -> records.RunInfo:
     """Convert a stored run to what clients see, refusing unreadable columns.
 
@@ -101,7 +110,7 @@ def run_info(run: port.Run, opener: Callable[[Any], Any] | None = None) -> recor
         workflow=run.workflow,
         version=run.version,
         state=run.state,
-        result=(opener or _as_stored)(decode_column(run.run_id, "result", run.result)),
+        result=_opened_result(run, opener or _as_stored),
         error=error,
         attempt=run.generation,
         failures=run.failures,
@@ -218,6 +227,7 @@ class Client(liveclient.LiveCalls):
         queue_key: str | None = None,
         priority: int | None = None,
         dry_run: bool = False,
+        plan: planport.PlanSpec | None = None,
     ) -> RunHandle[Any]:
         """Create a run (or return the run already created under ``key``).
 
@@ -244,6 +254,11 @@ class Client(liveclient.LiveCalls):
             codec.check_text("a run key", key)
         until = self._deadline(deadline)
         placement = self._placement(queue, queue_key, priority)
+        if plan is not None and (until is not None or placement or dry_run):
+            raise errors.InvalidInput(
+                "a plan run takes no deadline, queue or dry run: its tasks are claimed "
+                "one by one, outside the limits made for whole runs"
+            )
         if dry_run and placement:
             raise errors.InvalidQueue(
                 "a dry run is not placed in a queue: only dry-run workers claim it, "
@@ -263,6 +278,7 @@ class Client(liveclient.LiveCalls):
             deadline=until,
             **placement,
             dry_run=bool(dry_run),
+            plan=plan,
         )
         run, created = self.store.create_run(new)
         # A key that follows a chain names the start of its first run.
@@ -655,6 +671,8 @@ class Client(liveclient.LiveCalls):
         if (output is _MISSING) == (error is None):
             raise errors.InvalidInput("resolve takes exactly one of output= or error=")
         run = self._run(run_id)
+        if run.plan_digest is not None:
+            return self._resolve_task(run, step, output, error)
         info = run_info(run)
         if run.state != "needs_attention":
             raise errors.NotResolvable(f"run {run_id} is {run.state}, not needs_attention")
@@ -718,6 +736,39 @@ class Client(liveclient.LiveCalls):
                 note=why + " (failed)",
             )
         return self.get(run_id)
+
+    def _resolve_task(
+        self, run: port.Run, task: str, output: Any, error: str | None
+    ) -> records.RunInfo:
+        """Settle a plan run's task that needs attention; its descendants run on."""
+        if error is not None:
+            raise errors.InvalidInput(
+                "a plan's task is resolved with output=: a task that failed for good "
+                "is run again by fork"
+            )
+        store = self._plan_store()
+        store.resolve_task(run.run_id, task, self.payloads.seal(output, "the resolved output"))
+        return self.get(run.run_id)
+
+    def _plan_store(self) -> planport.PlanStore:
+        if not isinstance(self.store, planport.PlanStore):
+            raise errors.InvalidInput(f"the store at {self.store.url} keeps no plan runs")
+        return self.store
+
+    def tasks(self, run_id: str) -> list[records.TaskInfo]:
+        """Return the tasks of a plan run in declaration order (empty for a workflow run)."""
+        self._run(run_id)
+        found = (
+            self._plan_store().tasks(run_id) if isinstance(self.store, planport.PlanStore) else []
+        )
+        return [
+            appplans.task_info(
+                t,
+                None if t.output is None else self.payloads.open_text(t.output),
+                decode_column(run_id, "error", t.error),
+            )
+            for t in found
+        ]
 
     def fork(
         self, run_id: str, from_step: str | None = None, *, live: bool = False

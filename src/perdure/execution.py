@@ -444,6 +444,11 @@ class Execution:
 
     # -- the drive ----------------------------------------------------------------
 
+    @property
+    def key(self) -> str:
+        """What the worker files this execution under: its run id."""
+        return self.claim.run_id
+
     def run(self) -> datetime | None:
         """Execute the run to its next resting point (parked, ended or released).
 

@@ -42,7 +42,7 @@ from datetime import datetime
 from typing import IO, Any
 
 from perdure import errors
-from perdure.store import port
+from perdure.store import planport, port
 
 log = logging.getLogger("perdure.keeper")
 
@@ -118,6 +118,19 @@ class Keeper:
         """Renew ``claim`` from now on (a newer generation of a run replaces an older one)."""
         self._send(_claim_line(claim))
 
+    def hold_task(self, key: str, claim: planport.TaskClaim) -> None:
+        """Renew a task's claim from now on, under ``key`` (``run_id/task``)."""
+        line = {
+            "op": "hold",
+            "run_id": key,
+            "task": claim.task,
+            "task_run": claim.run_id,
+            "worker": claim.worker,
+            "generation": claim.generation,
+            "lease_expires_at": claim.lease_expires_at.isoformat(),
+        }
+        self._send(line)
+
     def drop(self, run_id: str, generation: int) -> None:
         """Stop renewing the run's claim of ``generation``."""
         self._send({"op": "drop", "run_id": run_id, "generation": generation})
@@ -192,6 +205,23 @@ class _Progress:
         return state not in ("T", "t", "Z", "X") and before is not None and cpu > before
 
 
+def _task_claim_of(message: dict[str, Any]) -> planport.TaskClaim:
+    # Renewal reads only the run, the task and the generation.
+    return planport.TaskClaim(
+        run_id=str(message["task_run"]),
+        task=str(message["task"]),
+        worker=str(message["worker"]),
+        generation=int(message["generation"]),
+        lease_expires_at=datetime.fromisoformat(str(message["lease_expires_at"])),
+        attempt=0,
+        effect="",
+        app="",
+        workflow="",
+        version="",
+        input="",
+    )
+
+
 def _claim_of(message: dict[str, Any]) -> port.Claim:
     return port.Claim(
         run_id=str(message["run_id"]),
@@ -206,6 +236,8 @@ class _KeeperState:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.held: dict[str, port.Claim] = {}
+        # Tasks of plan runs, by "run_id/task".
+        self.tasks: dict[str, planport.TaskClaim] = {}
         self.last_beat = time.monotonic()
         self.closed = threading.Event()
 
@@ -214,11 +246,21 @@ class _KeeperState:
         with self.lock:
             if op == "beat":
                 self.last_beat = time.monotonic()
+            elif op == "hold" and "task" in message:
+                task = _task_claim_of(message)
+                key = str(message["run_id"])
+                known = self.tasks.get(key)
+                if known is None or known.generation <= task.generation:
+                    self.tasks[key] = task
             elif op == "hold":
                 claim = _claim_of(message)
                 held = self.held.get(claim.run_id)
                 if held is None or held.generation <= claim.generation:
                     self.held[claim.run_id] = claim
+            elif op == "drop" and str(message["run_id"]) in self.tasks:
+                key = str(message["run_id"])
+                if self.tasks[key].generation == int(message["generation"]):
+                    del self.tasks[key]
             elif op == "drop":
                 held = self.held.get(str(message["run_id"]))
                 if held is not None and held.generation == int(message["generation"]):
@@ -243,6 +285,25 @@ def _report(out: IO[str], claim: port.Claim, lost: errors.LeaseLost) -> None:
     }
     out.write(json.dumps(line) + "\n")
     out.flush()
+
+
+def _renew_tasks(store: port.Store, state: _KeeperState, lease_ttl: float, out: IO[str]) -> None:
+    with state.lock:
+        tasks = list(state.tasks.items())
+    if not tasks or not isinstance(store, planport.PlanStore):
+        return
+    for key, task in tasks:
+        try:
+            store.renew_task(task, lease_ttl=lease_ttl)
+        except errors.StaleClaim as lost:
+            line = {"op": "lost", "run_id": key, "generation": task.generation}
+            out.write(json.dumps({**line, "code": lost.code, "message": str(lost)}) + "\n")
+            out.flush()
+            with state.lock:
+                if state.tasks.get(key) == task:
+                    del state.tasks[key]
+        except Exception as exc:
+            print(f"perdure keeper: renewal of task {key} failed: {exc}", file=sys.stderr)
 
 
 def _renew_all(store: port.Store, state: _KeeperState, lease_ttl: float, out: IO[str]) -> None:
@@ -295,6 +356,7 @@ def serve(stdin: IO[str], stdout: IO[str]) -> int:
             working = progress.advanced()
             if working or time.monotonic() - state.last_beat < 2 * heartbeat:
                 _renew_all(store, state, lease_ttl, stdout)
+                _renew_tasks(store, state, lease_ttl, stdout)
     finally:
         store.close()
     return 0

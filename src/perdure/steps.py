@@ -33,6 +33,16 @@ def in_step() -> bool:
     return _STEP_KEY.get() is not None
 
 
+@contextlib.contextmanager
+def keyed(key: str) -> Iterator[None]:
+    """Make ``idempotency_key()`` return ``key`` inside the block (a plan's task body)."""
+    token = _STEP_KEY.set(key)
+    try:
+        yield
+    finally:
+        _STEP_KEY.reset(token)
+
+
 def idempotency_key() -> str:
     """Return the running step's stable idempotency key (``run_id/step key``).
 

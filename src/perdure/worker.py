@@ -27,12 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal
 
-from perdure import clockwatch, context, errors, keeper, schedules
+from perdure import clockwatch, context, errors, keeper, plans, schedules
 from perdure import execution as execution_api
 from perdure import ownership as ownership_api
+from perdure import tasks as tasks_api
 from perdure import telemetry as telemetry_api
 from perdure.registry import Registry, WorkflowDef
-from perdure.store import port, retention, scheduleport
+from perdure.store import planport, port, retention, scheduleport
 
 log = logging.getLogger("perdure.worker")
 
@@ -152,7 +153,8 @@ class Worker:
         self._clock_watch = clockwatch.ClockWatch(
             lease_ttl, sample_every=min(poll_interval, lease_ttl / 6)
         )
-        self._active: dict[str, Execution] = {}
+        # Runs by run id, and tasks of plan runs by "run_id/task".
+        self._active: dict[str, Execution | tasks_api.TaskExecution] = {}
         self._active_lock = threading.Lock()
         self._slot_freed = threading.Event()
         self._stop_event = threading.Event()
@@ -302,6 +304,9 @@ class Worker:
         with self._active_lock:
             left = list(self._active.values())
         for execution in left:
+            if isinstance(execution, tasks_api.TaskExecution):
+                self._abandon_task(execution)
+                continue
             claim = execution.claim
             effect = execution.unsettled_effect()
             if effect is not None:
@@ -323,7 +328,24 @@ class Worker:
                 # already fenced off (StaleClaim is an Interrupt) has nothing to hand.
                 with contextlib.suppress(Exception, errors.LeaseLost):
                     self.store.release(claim, delay=0, failed=False)
-        return [execution.claim.run_id for execution in left]
+        return [execution.key for execution in left]
+
+    def _abandon_task(self, execution: tasks_api.TaskExecution) -> None:
+        """Hand a task back, unless a once attempt may have had its effect (then it lapses)."""
+        if execution.unsettled_effect() is not None:
+            log.warning(
+                "worker %s left the once task %s in flight: its outcome is unknown, so it "
+                "will need attention (effect_outcome_unknown)",
+                self.worker_id,
+                execution.key,
+            )
+            return
+        log.warning(
+            "worker %s left the task %s in flight; it will run again", self.worker_id, execution.key
+        )
+        if execution.lost is None and isinstance(self.store, planport.PlanStore):
+            with contextlib.suppress(Exception, errors.LeaseLost):
+                self.store.release_task(execution.claim)
 
     def run(self) -> bool:
         """Serve until SIGINT or SIGTERM, then stop gracefully (see :meth:`stop`).
@@ -456,7 +478,8 @@ class Worker:
                 self.telemetry.claimed(self.registry.name, len(claimed))
             for item in claimed:
                 self._dispatch(item)
-            if not claimed:
+            tasks = self._claim_tasks(free - len(claimed))
+            if not claimed and not tasks:
                 self.store.wait_ready(self._idle_timeout())
 
     def _prune(self) -> None:
@@ -537,6 +560,56 @@ class Worker:
             self._next_wake = at
             self.store.notify_ready()
 
+    def _plans(self) -> dict[str, plans.Plan]:
+        """The app's plans by name (a registry written before plans declares none)."""
+        found = getattr(self.registry, "plans", None)
+        return dict(found) if isinstance(found, dict) else {}
+
+    def _claim_tasks(self, free: int) -> int:
+        """Claim and start up to ``free`` tasks of the app's plans; return how many."""
+        served = self._plans()
+        if free <= 0 or not served or self.dry_run:
+            return 0
+        store = self.store
+        if not isinstance(store, planport.PlanStore):
+            return 0
+        try:
+            claims = store.claim_tasks(
+                self.registry.name,
+                self.worker_id,
+                [p.identity for p in served.values()],
+                lease_ttl=self._claim_ttl,
+                limit=free,
+                recover_until=self._clock_watch.recover_until(time.monotonic()),
+            )
+        except Exception as exc:
+            log.warning("worker %s: task claim failed: %s", self.worker_id, exc)
+            return 0
+        for claim in claims:
+            plan = served.get(claim.workflow)
+            assert plan is not None  # claims are only of the plans served
+            execution = tasks_api.TaskExecution(
+                store,
+                claim,
+                plan,
+                self.registry.payloads,
+                stopping=self._stop_event,
+                loop=lambda: self._loop,
+            )
+            self._start(execution)
+            if self._keeper is not None:
+                self._keeper.hold_task(execution.key, claim)
+        return len(claims)
+
+    def _start(self, execution: Execution | tasks_api.TaskExecution) -> None:
+        with self._active_lock:
+            self._active[execution.key] = execution
+        assert self._pool is not None
+        try:
+            self._pool.submit(self._execute, execution)
+        except RuntimeError:
+            self._forget(execution)
+
     def _dispatch(self, claimed: port.Claimed) -> None:
         execution = Execution(self, claimed)
         with self._active_lock:
@@ -549,13 +622,12 @@ class Worker:
         except RuntimeError:
             self._forget(execution)
 
-    def _forget(self, execution: Execution) -> None:
-        claim = execution.claim
+    def _forget(self, execution: Execution | tasks_api.TaskExecution) -> None:
         with self._active_lock:
-            if self._active.get(claim.run_id) is execution:
-                del self._active[claim.run_id]
+            if self._active.get(execution.key) is execution:
+                del self._active[execution.key]
         if self._keeper is not None:
-            self._keeper.drop(claim.run_id, claim.generation)
+            self._keeper.drop(execution.key, execution.claim.generation)
         self._slot_freed.set()
 
     def _lost(self, run_id: str, generation: int, lost: errors.LeaseLost) -> None:
@@ -595,6 +667,11 @@ class Worker:
             if execution.lost is not None:
                 continue
             try:
+                if isinstance(execution, tasks_api.TaskExecution):
+                    assert isinstance(self.store, planport.PlanStore)
+                    claim = execution.claim
+                    execution.renewed(self.store.renew_task(claim, lease_ttl=self.lease_ttl))
+                    continue
                 execution.renewed(self.store.renew(execution.claim, lease_ttl=self.lease_ttl))
             except errors.LeaseLost as lost:
                 execution.log.info("lease renewal refused (%s)", lost.code)
@@ -604,7 +681,7 @@ class Worker:
 
     # -- executing ------------------------------------------------------------
 
-    def _execute(self, execution: Execution) -> None:
+    def _execute(self, execution: Execution | tasks_api.TaskExecution) -> None:
         try:
             self._note_wake(execution.run())
         except errors.StaleClaim:

@@ -94,6 +94,10 @@ def check_tasks(run: port.Run, tasks: Sequence[planport.Task]) -> None:
             )
 
 
+def _noted(generation: int, note: str | None) -> str:
+    return f"task generation {generation}" + (f", {note}" if note else "")
+
+
 def _error(code: str, message: str, **extra: Any) -> str:
     return json.dumps({"code": code, "message": message, **extra})
 
@@ -139,7 +143,7 @@ class PlanTransitions(transitions.Transitions[C]):
 
         def work(cur: C) -> tuple[Row | None, list[Row]]:
             run = self._exec(cur, "run_by_id", run_id=run_id).fetchone()
-            return run, self._exec(cur, "tasks_of_run", run_id=run_id).fetchall()
+            return run, list(self._exec(cur, "tasks_of_run", run_id=run_id).fetchall())
 
         found, task_rows = self._transact(work)
         if found is None:
@@ -263,18 +267,18 @@ class PlanTransitions(transitions.Transitions[C]):
         if row is not None:
             self._append(
                 cur,
-                [
-                    ledger.Receipt(
-                        run_id, row["ledger_sequence"], "finished", run.generation, None
-                    )
-                ],
+                [ledger.Receipt(run_id, row["ledger_sequence"], "finished", run.generation, None)],
             )
 
     def _task_receipts(
         self, cur: C, run_id: str, generation: int, worker: str | None, marks: list[port.Mark]
     ) -> None:
         row = self._exec(cur, "plan_touch", run_id=run_id, receipts=len(marks)).fetchone()
-        self._append(cur, ledger.numbered(run_id, row["ledger_sequence"], generation, worker, marks))
+        # A run's receipts never go back a generation: they carry the run's (a plan
+        # run is never claimed whole), and each note names the task's own.
+        noted = [port.Mark(m.kind, m.step, m.digest, _noted(generation, m.note)) for m in marks]
+        last = row["ledger_sequence"]
+        self._append(cur, ledger.numbered(run_id, last, row["generation"], worker, noted))
 
     # -- a claimed task's writes ------------------------------------------------------
 
@@ -332,6 +336,8 @@ class PlanTransitions(transitions.Transitions[C]):
             self._fence_task(cur, claim, "task_end", **end)
             mark = port.Mark("task_completed", step=claim.task)
             self._task_receipts(cur, claim.run_id, claim.generation, claim.worker, [mark])
+            # Its children may be claimable now, by a worker of any process.
+            self._notify(cur, [claim.app])
             return self._ended(cur, claim.run_id, ())
 
         return self._transact(work)
@@ -364,6 +370,7 @@ class PlanTransitions(transitions.Transitions[C]):
             self._locked(cur, claim.run_id)
             end = {"state": "pending", "output": None, "error": None, "delay": wait}
             self._fence_task(cur, claim, "task_end", **end)
+            self._notify(cur, [claim.app])
 
         self._transact(work)
 
@@ -397,6 +404,7 @@ class PlanTransitions(transitions.Transitions[C]):
                     self._exec(cur, "task_block", run_id=run_id, name=other["name"])
             if run.cancel_requested:
                 self._exec(cur, "task_cancel_pending", run_id=run_id)
+            self._notify(cur, [run.app])
             return self._ended(cur, run_id, ())
 
         return self._transact(work)
