@@ -20,13 +20,13 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from perdure import (
-    appplans,
     codec,
     endings,
     errors,
     journal,
     lineage,
     liveclient,
+    planclient,
     records,
     signals,
     telemetry,
@@ -179,7 +179,7 @@ class RunHandle(Generic[R]):
         return result
 
 
-class Client(liveclient.LiveCalls):
+class Client(liveclient.LiveCalls, planclient.PlanCalls):
     """Start, inspect and steer an app's runs through its store.
 
     The calls that talk to live runs (updates, events, streams) are
@@ -737,39 +737,6 @@ class Client(liveclient.LiveCalls):
             )
         return self.get(run_id)
 
-    def _resolve_task(
-        self, run: port.Run, task: str, output: Any, error: str | None
-    ) -> records.RunInfo:
-        """Settle a plan run's task that needs attention; its descendants run on."""
-        if error is not None:
-            raise errors.InvalidInput(
-                "a plan's task is resolved with output=: a task that failed for good "
-                "is run again by fork"
-            )
-        store = self._plan_store()
-        store.resolve_task(run.run_id, task, self.payloads.seal(output, "the resolved output"))
-        return self.get(run.run_id)
-
-    def _plan_store(self) -> planport.PlanStore:
-        if not isinstance(self.store, planport.PlanStore):
-            raise errors.InvalidInput(f"the store at {self.store.url} keeps no plan runs")
-        return self.store
-
-    def tasks(self, run_id: str) -> list[records.TaskInfo]:
-        """Return the tasks of a plan run in declaration order (empty for a workflow run)."""
-        self._run(run_id)
-        found = (
-            self._plan_store().tasks(run_id) if isinstance(self.store, planport.PlanStore) else []
-        )
-        return [
-            appplans.task_info(
-                t,
-                None if t.output is None else self.payloads.open_text(t.output),
-                decode_column(run_id, "error", t.error),
-            )
-            for t in found
-        ]
-
     def fork(
         self, run_id: str, from_step: str | None = None, *, live: bool = False
     ) -> RunHandle[Any]:
@@ -795,6 +762,8 @@ class Client(liveclient.LiveCalls):
                 step whose effect started and whose outcome is unknown.
         """
         run = self._run(run_id)
+        if run.plan_digest is not None:
+            return RunHandle[Any](self, self._fork_plan(run, from_step), None, created=True)
         recorded = self.store.journal(run_id)
         validation.journal(run_id, recorded)
         # A resolve between the two reads makes the run live again: judge by both.

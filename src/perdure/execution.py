@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from perdure import (
+    appplans,
     chains,
     codec,
     context,
@@ -30,13 +31,14 @@ from perdure import (
     live,
     logs,
     payloads,
+    plans,
     replay,
     steps,
     telemetry,
     validation,
 )
 from perdure import registry as registry_api
-from perdure.store import chainport, controlport, liveport, port
+from perdure.store import chainport, controlport, liveport, planport, port
 
 log = logging.getLogger("perdure.worker")
 
@@ -156,12 +158,25 @@ class Execution:
             self.check()
         self.check()
 
+    def _plan(self, workflow: Any) -> plans.Plan | None:
+        """The app's plan ``workflow`` names, if it names one (a registry may have none)."""
+        plan_of = getattr(self.host.registry, "plan_of", None)
+        found = plan_of(workflow) if plan_of is not None else None
+        return found if isinstance(found, plans.Plan) else None
+
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
+        plan = self._plan(workflow)
+        if plan is not None:
+            return plan.name, plan.version, None
         return self.host.registry.workflow_ref(workflow)
 
     def child_call(
         self, workflow: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[str | None, dict[str, Any]]:
+        plan = self._plan(workflow)
+        if plan is not None:
+            appplans.check_start(plan, args, kwargs)
+            return (key if isinstance(key, str) else None), kwargs
         return registry_api.child_call(self.host.registry, workflow, key, args, kwargs)
 
     def successor(
@@ -230,6 +245,10 @@ class Execution:
         )
         return message
 
+    def _plan_spec(self, workflow: str) -> planport.PlanSpec | None:
+        plan = self._plan(workflow)
+        return None if plan is None else appplans.plan_spec(plan)
+
     def _parent_close(self, workflow: str) -> str | None:
         found = self.host.registry.workflow_def(workflow)
         return "cancel" if found is not None and found.parent_close == "cancel" else None
@@ -245,6 +264,7 @@ class Execution:
                 key=child.key,
                 parent_id=self.run_.run_id,
                 parent_close=self._parent_close(child.workflow),
+                plan=self._plan_spec(child.workflow),
             )
             for child in children
         ]

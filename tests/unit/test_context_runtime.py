@@ -367,6 +367,7 @@ def test_the_workflow_layers_import_no_store_and_no_worker(module: Any) -> None:
             "perdure.store.liveport",
             "perdure.store.controlport",
             "perdure.store.chainport",
+            "perdure.store.planport",
         }
         assert engine <= {f"perdure.{m}" for m in _allowed(module)} | store_port
 
@@ -390,6 +391,8 @@ def _allowed(module: Any) -> set[str]:
         replay: {"effects", "errors", "validation"},
         journal: {"codec"},
         execution: {
+            "appplans",
+            "plans",
             "chains",
             "codec",
             "context",

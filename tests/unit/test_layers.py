@@ -47,6 +47,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.controlport",
             "perdure.store.queueport",
             "perdure.store.ownerport",
+            "perdure.store.planport",
         }
     },
     {
@@ -60,6 +61,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.validation",
             "perdure.replay",
             "perdure.plans",
+            "perdure.appplans",
             "perdure.clockwatch",
             "perdure.otel",
             "perdure.signals",
@@ -69,12 +71,18 @@ LAYERS: list[dict[str, set[str]]] = [
     },
     {
         "steps": {"perdure.steps", "perdure.dryrun"},
-        "client": {"perdure.client", "perdure.reads", "perdure.liveclient", "perdure.lineage"},
+        "client": {
+            "perdure.client",
+            "perdure.reads",
+            "perdure.liveclient",
+            "perdure.planclient",
+            "perdure.lineage",
+        },
     },
     {"context": {"perdure.context", "perdure.select"}},
     {"registry": {"perdure.registry"}},
     {
-        "execution": {"perdure.execution"},
+        "execution": {"perdure.execution", "perdure.tasks"},
         "keeper": {"perdure.keeper"},
         "ownership": {"perdure.ownership"},
         "check": {"perdure.check"},
