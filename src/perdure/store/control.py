@@ -31,6 +31,11 @@ class ControlTransitions(transitions.Transitions[C]):
             run = self._lock_live(cur, run_id)
             if run.state == "needs_attention":
                 raise errors.RunFinished(run_id, run.state)
+            if run.plan_digest is not None:
+                raise errors.InvalidInput(
+                    f"run {run_id} is a plan run: its tasks are claimed one by one and it "
+                    "cannot be suspended (cancel it, or fork it later)"
+                )
             if run.state == "suspended" or (run.state == "running" and run.suspend_requested):
                 return "already"
             query, kind, result = (

@@ -55,6 +55,8 @@ class OwnerTransitions(transitions.Transitions[C]):
             if takeover:
                 done = self._exec(cur, "owner_lapse", app=app, holder=found["holder"])
                 lapsed = tuple(r["run_id"] for r in done.fetchall())
+                tasks = self._exec(cur, "owner_lapse_tasks", app=app, holder=found["holder"])
+                lapsed += tuple(sorted({r["run_id"] for r in tasks.fetchall()} - set(lapsed)))
                 if lapsed:
                     self._notify(cur, [app])
             return ownerport.Ownership(

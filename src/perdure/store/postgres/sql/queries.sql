@@ -1349,6 +1349,13 @@ UPDATE perdure.runs SET
 WHERE app = %(app)s AND state = 'running' AND worker = %(holder)s
 RETURNING run_id;
 
+-- name: owner_lapse_tasks
+-- Likewise the tasks it held: a claim recovers them under a new generation.
+UPDATE perdure.tasks SET lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()), updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE state = 'running' AND worker = %(holder)s
+  AND run_id IN (SELECT run_id FROM perdure.runs WHERE app = %(app)s AND state = 'running')
+RETURNING run_id;
+
 -- name: owner_drop
 DELETE FROM perdure.app_owners WHERE app = %(app)s AND holder = %(holder)s;
 

@@ -1140,6 +1140,13 @@ UPDATE runs SET
 WHERE app = :app AND state = 'running' AND worker = :holder
 RETURNING run_id;
 
+-- name: owner_lapse_tasks
+-- Likewise the tasks it held: a claim recovers them under a new generation.
+UPDATE tasks SET lease_expires_at = :now, updated_at = :now
+WHERE state = 'running' AND worker = :holder
+  AND run_id IN (SELECT run_id FROM runs WHERE app = :app AND state = 'running')
+RETURNING run_id;
+
 -- name: owner_drop
 DELETE FROM app_owners WHERE app = :app AND holder = :holder;
 
