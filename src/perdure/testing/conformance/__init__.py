@@ -69,6 +69,7 @@ from perdure.testing.conformance.live import LiveTests
 from perdure.testing.conformance.operators import OperatorTests
 from perdure.testing.conformance.overview import OverviewTests
 from perdure.testing.conformance.owners import OwnerTests
+from perdure.testing.conformance.plans import PlanTests
 from perdure.testing.conformance.queues import QueueTests
 from perdure.testing.conformance.retention import RetentionTests
 from perdure.testing.conformance.runs import RunTests
@@ -110,6 +111,7 @@ class StoreConformance(
     ChainTests,
     ControlTests,
     OwnerTests,
+    PlanTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 
