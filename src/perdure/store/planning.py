@@ -139,7 +139,7 @@ class PlanTransitions(transitions.Transitions[C]):
 
         def work(cur: C) -> tuple[Row | None, list[Row]]:
             run = self._exec(cur, "run_by_id", run_id=run_id).fetchone()
-            return run, self._exec(cur, "tasks_of_run", run_id=run_id).fetchall()
+            return run, list(self._exec(cur, "tasks_of_run", run_id=run_id).fetchall())
 
         found, task_rows = self._transact(work)
         if found is None:
