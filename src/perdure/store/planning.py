@@ -175,6 +175,8 @@ class PlanTransitions(transitions.Transitions[C]):
             claims: list[planport.TaskClaim] = []
             for cand in found.fetchall():
                 run_id, name = cand["run_id"], cand["name"]
+                # Every task row of the run is read and checked before any is trusted.
+                self._checked_tasks(cur, self._locked(cur, run_id))
                 if cand["plan_digest"] != digests.get((cand["workflow"], cand["version"])):
                     self._mismatch(cur, run_id, cand["workflow"], cand["version"])
                     continue
@@ -191,11 +193,16 @@ class PlanTransitions(transitions.Transitions[C]):
             raise errors.RunNotFound(run_id)
         return self.read.run(row)
 
+    def _checked_tasks(self, cur: C, run: port.Run) -> list[planport.Task]:
+        tasks = [
+            read_task(self.read, r) for r in self._exec(cur, "tasks_of_run", run_id=run.run_id)
+        ]
+        check_tasks(run, tasks)
+        return tasks
+
     def _task_row(self, cur: C, run_id: str, name: str) -> planport.Task | None:
-        for row in self._exec(cur, "tasks_of_run", run_id=run_id).fetchall():
-            if row["name"] == name:
-                return read_task(self.read, row)
-        return None
+        run = self.read.run(self._exec(cur, "run_by_id", run_id=run_id).fetchone())
+        return next((t for t in self._checked_tasks(cur, run) if t.name == name), None)
 
     def _claim_task(
         self, cur: C, run_id: str, name: str, worker: str, ttl: float
@@ -263,18 +270,16 @@ class PlanTransitions(transitions.Transitions[C]):
         if row is not None:
             self._append(
                 cur,
-                [
-                    ledger.Receipt(
-                        run_id, row["ledger_sequence"], "finished", run.generation, None
-                    )
-                ],
+                [ledger.Receipt(run_id, row["ledger_sequence"], "finished", run.generation, None)],
             )
 
     def _task_receipts(
         self, cur: C, run_id: str, generation: int, worker: str | None, marks: list[port.Mark]
     ) -> None:
         row = self._exec(cur, "plan_touch", run_id=run_id, receipts=len(marks)).fetchone()
-        self._append(cur, ledger.numbered(run_id, row["ledger_sequence"], generation, worker, marks))
+        self._append(
+            cur, ledger.numbered(run_id, row["ledger_sequence"], generation, worker, marks)
+        )
 
     # -- a claimed task's writes ------------------------------------------------------
 
@@ -451,8 +456,7 @@ class PlanTransitions(transitions.Transitions[C]):
         run = self.read.run(found)
         if run.state != "running":
             return []
-        tasks = [read_task(self.read, r) for r in self._exec(cur, "tasks_of_run", run_id=run_id)]
-        check_tasks(run, tasks)
+        tasks = self._checked_tasks(cur, run)
         if any(t.state in planport.TASK_OPEN for t in tasks):
             return []
         state, result, error = _outcome(run, tasks)
