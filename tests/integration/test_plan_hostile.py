@@ -35,7 +35,7 @@ class Db:
         self.url = url
         self.kind = "sqlite" if url.startswith("sqlite:") else "postgres"
         prefix = "" if self.kind == "sqlite" else "perdure."
-        self.names = {"tasks": prefix + "tasks", "runs": prefix + "runs", "ledger": prefix + "ledger"}
+        self.names = {t: prefix + t for t in ("tasks", "runs", "ledger")}
         # A JSON column is text on SQLite and jsonb on PostgreSQL.
         self.names["json"] = "" if self.kind == "sqlite" else "::jsonb"
         self.names["one"] = "1" if self.kind == "sqlite" else "true"

@@ -36,7 +36,6 @@ import psycopg.errors
 
 from perdure import errors
 from perdure.store import (
-    planning,
     appschema,
     census,
     chaining,
@@ -46,6 +45,7 @@ from perdure.store import (
     liveport,
     overview,
     owners,
+    planning,
     port,
     queueing,
     rows,

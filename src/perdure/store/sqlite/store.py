@@ -28,7 +28,6 @@ from typing import Any
 
 from perdure import errors
 from perdure.store import (
-    planning,
     appschema,
     census,
     chaining,
@@ -38,6 +37,7 @@ from perdure.store import (
     liveport,
     overview,
     owners,
+    planning,
     port,
     queueing,
     rows,
