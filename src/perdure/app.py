@@ -521,6 +521,7 @@ class App(timetable.Timetable, queues.Queues, appplans.PlanRegistry):
     astart = client_api.athread(start)
     ahandle = client_api.athread(handle)
     afork = client_api.athread(fork)
+    atasks = client_api.athread(tasks)
 
     # The calls that need no workflow code are the client's, bound to the app's client.
     get = _ClientCall(client_api.Client.get)

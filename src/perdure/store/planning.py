@@ -81,7 +81,7 @@ def check_tasks(run: port.Run, tasks: Sequence[planport.Task]) -> None:
                 raise rows.corrupt(
                     run.run_id, "task_unknown_parent", f"task {task.name!r} names {parent!r}"
                 )
-        ran = task.state in ("running", "succeeded") and task.generation > 0
+        ran = task.state in ("running", "succeeded")
         if ran and any(states[p] != "succeeded" for p in task.parents):
             raise rows.corrupt(
                 run.run_id,
@@ -173,12 +173,26 @@ class PlanTransitions(transitions.Transitions[C]):
         params = {"app": app, "recover_until": recover_until}
 
         def work(cur: C) -> list[planport.TaskClaim]:
+            # A run whose rows cannot be trusted is set aside (needs_attention),
+            # as a claim of runs does, so that it stops starving the others.
+            aside: set[str] = set()
             for lapsed in self._exec(cur, "task_lapsed_canceling", **params).fetchall():
-                self._settle_lapsed_cancel(cur, lapsed["run_id"], lapsed["name"])
+                try:
+                    self._settle_lapsed_cancel(cur, lapsed["run_id"], lapsed["name"])
+                except errors.CorruptState as exc:
+                    self._set_aside(cur, lapsed["run_id"], exc, aside)
             found = self._exec(cur, "task_candidates", plans=wanted, limit=limit, **params)
             claims: list[planport.TaskClaim] = []
             for cand in found.fetchall():
                 run_id, name = cand["run_id"], cand["name"]
+                if run_id in aside:
+                    continue
+                # Every task row of the run is read and checked before any is trusted.
+                try:
+                    self._checked_tasks(cur, self._locked(cur, run_id))
+                except errors.CorruptState as exc:
+                    self._set_aside(cur, run_id, exc, aside)
+                    continue
                 if cand["plan_digest"] != digests.get((cand["workflow"], cand["version"])):
                     self._mismatch(cur, run_id, cand["workflow"], cand["version"])
                     continue
@@ -189,17 +203,28 @@ class PlanTransitions(transitions.Transitions[C]):
 
         return self._transact(work)
 
+    def _set_aside(self, cur: C, run_id: str, exc: errors.CorruptState, aside: set[str]) -> None:
+        """Nothing of the run was written in this transaction yet: only its state changes."""
+        if run_id not in aside:
+            aside.add(run_id)
+            self._quarantine(cur, run_id, exc)
+
     def _locked(self, cur: C, run_id: str) -> port.Run:
         row = self._exec(cur, "lock_run", run_id=run_id).fetchone()
         if row is None:
             raise errors.RunNotFound(run_id)
         return self.read.run(row)
 
+    def _checked_tasks(self, cur: C, run: port.Run) -> list[planport.Task]:
+        tasks = [
+            read_task(self.read, r) for r in self._exec(cur, "tasks_of_run", run_id=run.run_id)
+        ]
+        check_tasks(run, tasks)
+        return tasks
+
     def _task_row(self, cur: C, run_id: str, name: str) -> planport.Task | None:
-        for row in self._exec(cur, "tasks_of_run", run_id=run_id).fetchall():
-            if row["name"] == name:
-                return read_task(self.read, row)
-        return None
+        run = self.read.run(self._exec(cur, "run_by_id", run_id=run_id).fetchone())
+        return next((t for t in self._checked_tasks(cur, run) if t.name == name), None)
 
     def _claim_task(
         self, cur: C, run_id: str, name: str, worker: str, ttl: float
@@ -459,8 +484,7 @@ class PlanTransitions(transitions.Transitions[C]):
         run = self.read.run(found)
         if run.state != "running":
             return []
-        tasks = [read_task(self.read, r) for r in self._exec(cur, "tasks_of_run", run_id=run_id)]
-        check_tasks(run, tasks)
+        tasks = self._checked_tasks(cur, run)
         if any(t.state in planport.TASK_OPEN for t in tasks):
             return []
         state, result, error = _outcome(run, tasks)

@@ -69,6 +69,8 @@ from perdure.testing.conformance.live import LiveTests
 from perdure.testing.conformance.operators import OperatorTests
 from perdure.testing.conformance.overview import OverviewTests
 from perdure.testing.conformance.owners import OwnerTests
+from perdure.testing.conformance.planends import PlanEndTests
+from perdure.testing.conformance.plans import PlanTests
 from perdure.testing.conformance.queues import QueueTests
 from perdure.testing.conformance.retention import RetentionTests
 from perdure.testing.conformance.runs import RunTests
@@ -110,6 +112,8 @@ class StoreConformance(
     ChainTests,
     ControlTests,
     OwnerTests,
+    PlanTests,
+    PlanEndTests,
 ):
     """The conformance tests; subclass it and provide a ``factory`` fixture.
 

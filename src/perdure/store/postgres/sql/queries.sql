@@ -1401,7 +1401,10 @@ SELECT * FROM (
       AND r.app = %(app)s AND r.state = 'running' AND NOT r.cancel_requested
       AND (r.workflow, r.version) IN (SELECT workflow, version FROM wanted)
       AND NOT EXISTS (
-          SELECT 1 FROM jsonb_array_elements_text(t.parents) AS p(name)
+          -- Parents that are no JSON array make the task a candidate, so that
+          -- the caller's read of the run refuses it rather than this query fail.
+          SELECT 1 FROM jsonb_array_elements_text(CASE WHEN jsonb_typeof(t.parents) = 'array'
+              THEN t.parents ELSE '[]'::jsonb END) AS p(name)
           JOIN perdure.tasks AS up ON up.run_id = t.run_id AND up.name = p.name
           WHERE up.state <> 'succeeded'
       )

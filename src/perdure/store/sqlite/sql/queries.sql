@@ -1191,7 +1191,10 @@ SELECT * FROM (
       AND r.app = :app AND r.state = 'running' AND r.cancel_requested = 0
       AND (r.workflow, r.version) IN (SELECT workflow, version FROM wanted)
       AND NOT EXISTS (
-          SELECT 1 FROM json_each(t.parents) AS p
+          -- Parents that are no JSON array make the task a candidate, so that
+          -- the caller's read of the run refuses it rather than this query fail.
+          SELECT 1 FROM json_each(CASE WHEN NOT json_valid(t.parents) THEN '[]'
+              WHEN json_type(t.parents) <> 'array' THEN '[]' ELSE t.parents END) AS p
           JOIN tasks AS up ON up.run_id = t.run_id AND up.name = p.value
           WHERE up.state <> 'succeeded'
       )
