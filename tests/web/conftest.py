@@ -4,8 +4,9 @@
 serves it with a worker (thread liveness) and drives four runs to where the
 tests need them: ``failed`` (a step raised), ``waiting`` (on the signal
 ``approve``), ``needs_attention`` (a ``once`` step raised) and ``hostile``
-(succeeded, inputs and key holding ``<script>``). ``timetable`` serves the
-scheduled app of ``tests/web/timetable.py`` on a fake clock.
+(succeeded, inputs and key holding ``<script>``); ``nightly`` adds a plan
+run that failed, with blocked tasks. ``timetable`` serves the scheduled app
+of ``tests/web/timetable.py`` on a fake clock.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ pytest.importorskip("jinja2")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from shop import World, build_world, start_family
+from shop import World, build_world, start_family, start_nightly
 from timetable import Timetable, served
 
 
@@ -56,3 +57,9 @@ def timetable(sqlite_url: str) -> Iterator[Timetable]:
 def any_timetable(store_url: str) -> Iterator[Timetable]:
     """The scheduled app on each store (SQLite and PostgreSQL)."""
     yield from served(store_url)
+
+
+@pytest.fixture
+def nightly(world: World) -> str:
+    """A ``nightly`` plan run that failed: transform failed, load and publish blocked."""
+    return start_nightly(world.app)

@@ -75,6 +75,34 @@ def build(url: str, name: str = "shop") -> perdure.App:
         ctx.close_stream("progress")
         return {"items": items}
 
+    # A plan whose transform fails for good: load and publish are blocked by it,
+    # while audit and report, on another branch, run to the end.
+    nightly = app.plan("nightly", version="1")
+
+    @nightly.task()
+    def extract(day: str) -> list[str]:
+        return [day, "orders", "refunds"]
+
+    @nightly.task(after=[extract], retry=perdure.Retry(max_attempts=2, initial_delay=0.01))
+    def transform(extract: list[str]) -> int:
+        raise RuntimeError("the warehouse is unreachable")
+
+    @nightly.task(after=[extract], effect="pure")
+    def audit(extract: list[str]) -> bool:
+        return len(extract) == 3
+
+    @nightly.task(after=[transform])
+    def load(transform: int) -> int:
+        return transform
+
+    @nightly.task(after=[audit])
+    def report(audit: bool) -> str:
+        return "audit passed" if audit else "audit failed"
+
+    @nightly.task(after=[load, report], effect="once", retry=perdure.Retry(max_attempts=1))
+    def publish(load: int, report: str) -> str:
+        return f"published {load} rows ({report})"
+
     @family.validator("add_item")
     def check_item(payload: Any) -> None:
         if not isinstance(payload, dict) or payload.get("qty", 0) <= 0:
@@ -111,12 +139,25 @@ def start_family(app: perdure.App, parcels: int = 3, timeout: float = 30.0) -> s
         time.sleep(0.05)
 
 
-def settle(app: perdure.App, run_ids: list[str], timeout: float = 20.0) -> None:
-    """Wait until none of the runs is queued or running (a worker must be serving)."""
+def start_nightly(app: perdure.App, day: str = "2026-11-30") -> str:
+    """Start a ``nightly`` plan run and wait until it ends (failed: its transform fails)."""
+    run_id = app.start("nightly", day).run_id
+    settle(app, [run_id], states=("running",))
+    return run_id
+
+
+def settle(
+    app: perdure.App,
+    run_ids: list[str],
+    timeout: float = 20.0,
+    states: tuple[str, ...] = ("queued", "running"),
+) -> None:
+    """Wait until none of the runs is in ``states`` (a worker must be serving)."""
+    held = states
     deadline = time.monotonic() + timeout
     while True:
-        states = [app.get(r).state for r in run_ids]
-        if all(s not in ("queued", "running") for s in states):
+        states = tuple(app.get(r).state for r in run_ids)
+        if all(s not in held for s in states):
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"runs did not settle: {states}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shop import World, start_family
+from shop import World, start_family, start_nightly
 from timetable import Timetable
 
 import perdure
@@ -201,6 +201,43 @@ def test_screenshots_of_the_console(
     page.goto(f"{served.url}/runs/{family}")
     page.screenshot(path=str(folder / "console-run.png"), full_page=True)
     assert (folder / "console-runs.png").stat().st_size > 10_000
+
+
+def test_a_plan_run_page_draws_its_tasks(
+    world: World, console: tuple[Served, Page], tmp_path: Path
+) -> None:
+    """The graph of a failed plan run (into docs/console-plan.png with PERDURE_SCREENSHOTS=1)."""
+    served, page = console
+    folder = DOCS if os.environ.get("PERDURE_SCREENSHOTS") == "1" else tmp_path
+    run_id = start_nightly(world.app)
+    page.goto(f"{served.url}/runs/{run_id}")
+    nodes = page.locator(".plan-graph g.task-node")
+    assert nodes.count() == 6
+    assert page.locator(".plan-graph g.task-node.blocked").count() == 2
+    assert page.locator(".plan-graph path.edge").count() == 6
+    # The boxes are laid out left to right by depth, each drawn at its full size.
+    boxes = {
+        name: page.locator(f"g.task-node[data-task={name}] rect").bounding_box()
+        for name in ("extract", "transform", "load", "publish")
+    }
+    assert all(b is not None and b["width"] > 100 for b in boxes.values())
+    xs = [b["x"] for b in boxes.values() if b is not None]
+    assert xs == sorted(xs) and len(set(xs)) == 4
+    assert page.locator("g.task-node[data-task=publish] text.note").text_content() == (
+        "blocked by transform"
+    )
+    plan = page.locator("#plan").bounding_box()
+    assert plan is not None
+    page.screenshot(
+        path=str(folder / "console-plan.png"),
+        full_page=True,
+        clip={"x": 0, "y": 0, "width": 1360, "height": plan["y"] + plan["height"] + 16},
+    )
+    assert (folder / "console-plan.png").stat().st_size > 10_000
+    # A box leads to its task's row.
+    page.locator("g.task-node[data-task=transform]").click()
+    page.wait_for_url(f"**/runs/{run_id}#task-transform")
+    assert "the warehouse is unreachable" in page.locator("tr#task-transform").inner_text()
 
 
 def test_pause_a_schedule_from_its_page(

@@ -1,14 +1,14 @@
 """The ``perdure`` command line.
 
 One module per command group: ``workers`` (worker), ``runs`` (start, runs,
-show), ``signals`` (signal, send, waits, resume), ``live`` (update, query,
-events, stream), ``operators`` (cancel, resolve, fork), ``retention``
-(prune), ``schedules`` (schedules, pause, resume, trigger), ``queues``, ``migrate``,
-``demo``, ``deploys`` (check), ``tokens`` and
-``console`` (the web console, an optional extra); ``common`` and ``output``
-hold what they share. Only ``worker``, ``start``, ``check`` and ``query``
-(and ``update --validate``) import user code (``MODULE:APP``), and ``runs``
-and ``waits`` when given one; every other command works from the store alone,
+show), ``tasks`` (a plan run's tasks), ``signals`` (signal, send, waits,
+resume), ``live`` (update, query, events, stream), ``operators`` (cancel,
+resolve, fork), ``retention`` (prune), ``schedules`` (schedules, pause,
+resume, trigger), ``queues``, ``migrate``, ``demo``, ``deploys`` (check),
+``tokens`` and ``console`` (the web console, an optional extra); ``common``
+and ``output`` hold what they share. Only ``worker``, ``start``, ``check``
+and ``query`` (and ``update --validate``) import user code (``MODULE:APP``),
+and ``runs`` and ``waits`` when given one; every other command works from the store alone,
 through a :class:`~perdure.client.Client`. Commands that take a run id find
 the run's app in the store; ``runs`` and ``waits`` list every app unless told
 one.
@@ -39,6 +39,7 @@ from perdure.cli import (
     runs,
     schedules,
     signals,
+    tasks,
     tokens,
     workers,
 )
@@ -63,6 +64,7 @@ for command in (
     runs.start,
     runs.runs,
     runs.show,
+    tasks.tasks,
     signals.signal,
     signals.send,
     signals.waits,

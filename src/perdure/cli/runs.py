@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from perdure import errors, records
-from perdure.cli import common, journals, output
+from perdure.cli import common, journals, output, tasks
 from perdure.store import port
 
 
@@ -105,6 +105,13 @@ def start(
     if store_url:
         app.use_store(store_url)
     try:
+        if app.plan_def(workflow) is not None and (
+            deadline is not None or dry_run or queue or queue_key or priority is not None
+        ):
+            raise errors.InvalidInput(
+                f"plan {workflow!r}: a plan run takes no --deadline, --queue, --queue-key, "
+                "--priority or --dry-run (its tasks are claimed one by one)"
+            )
         extra: dict[str, Any] = {}
         if deadline is not None:
             name = app.workflow_ref(workflow)[0]
@@ -242,6 +249,8 @@ def runs(
 def show(run_id: str, history: bool, journal: bool, store_url: str | None, as_json: bool) -> None:
     """Print a run (with --history, its provenance ledger; with --journal, its journal).
 
+    A plan run's tasks follow its fields, as ``perdure tasks`` lists them
+    (with --json, under "tasks"; a workflow run's document has no "tasks").
     "claims" counts how many times a worker took the run (a first claim, and
     one more after every wait, sleep, release or recovery); "failures" counts
     the consecutive attempts that failed (a crash, a lost lease, a store
@@ -256,11 +265,15 @@ def show(run_id: str, history: bool, journal: bool, store_url: str | None, as_js
         ledger = client.history(run_id) if history or journal else None
         entries = journals.rows(store.journal(run_id), ledger or []) if journal else None
         attempts = client.attempts(run_id)
+        # A plan declares at least one task: an empty list is a workflow run.
+        planned = client.tasks(run_id)
     if as_json:
         doc = output.run_doc(info, client.app)
         doc["claims"] = info.attempt
         doc["children"] = children
         doc["failed_attempts"] = attempts
+        if planned:
+            doc["tasks"] = [tasks.doc(t) for t in planned]
         if history and ledger is not None:
             doc["history"] = ledger
         if entries is not None:
@@ -289,6 +302,8 @@ def show(run_id: str, history: bool, journal: bool, store_url: str | None, as_js
     ]
     if info.chain:
         rows.append(("chain", " -> ".join(info.chain)))
+    if planned:
+        rows.append(("tasks", tasks.summary(planned)))
     if info.dry_run:
         rows.append(("dry run", "yes (once and idempotent steps are described, not performed)"))
     if children:
@@ -300,6 +315,9 @@ def show(run_id: str, history: bool, journal: bool, store_url: str | None, as_js
     width = max(len(k) for k, _ in rows)
     for name, value in rows:
         click.echo(f"{name.ljust(width)}  {value}")
+    if planned:
+        click.echo("")
+        output.echo_lines(tasks.table(planned))
     output.echo_attempts(attempts)
     if entries is not None:
         click.echo("")

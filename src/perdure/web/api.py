@@ -152,6 +152,8 @@ def _start(call: Call) -> Any:
     key, version = call.text("key"), call.text("version")
     deadline = _deadline(call.body.get("deadline"))
     app = call.console.app
+    if app is not None and app.plan_def(workflow) is not None and deadline is not None:
+        raise errors.InvalidInput(f"plan {workflow!r}: a plan run takes no deadline")
     if app is not None and version is None:
         extra: dict[str, Any] = {}
         if deadline is not None:
@@ -261,9 +263,10 @@ def _resume(call: Call) -> Any:
 
 
 def _resolve(call: Call) -> Any:
-    step = call.text("step")
+    # A plan run's task is named as "task"; the client tells the two kinds of run apart.
+    step = call.text("step") or call.text("task")
     if not step:
-        raise errors.InvalidInput("'step' is required")
+        raise errors.InvalidInput("'step' (or a plan run's 'task') is required")
     has_output, error = "output" in call.body, call.text("error")
     if has_output == (error is not None):
         raise errors.InvalidInput("resolve takes exactly one of 'output' or 'error'")
@@ -307,6 +310,10 @@ def _journal(call: Call) -> Any:
 
 def _waits(call: Call) -> Any:
     return call.client.waits(call.path["run_id"])
+
+
+def _tasks(call: Call) -> Any:
+    return call.client.tasks(call.path["run_id"])
 
 
 def _children(call: Call) -> Any:
@@ -462,14 +469,19 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("POST", RUN + "/resume", "operate",
              "Resume a suspended run, or re-queue a waiting run whose waits are settled", _resume),
     Endpoint("POST", RUN + "/resolve", "operate",
-             "Settle the ambiguous step of a needs_attention run", _resolve, 200,
-             ("step", "output", "error", "note")),
+             "Settle the ambiguous step of a needs_attention run, or a plan run's task that "
+             "needs attention (task and output)", _resolve, 200,
+             ("step", "task", "output", "error", "note")),
     Endpoint("POST", RUN + "/fork", "operate", "Start a new run reusing the journal", _fork, 201,
              ("from_step", "live")),
     Endpoint("GET", RUN + "/history", "read", "The provenance ledger, oldest first", _history),
     Endpoint("GET", RUN + "/journal", "read", "The journal, oldest first", _journal),
     Endpoint("GET", RUN + "/waits", "read", "The run's open waits", _waits),
     Endpoint("GET", RUN + "/children", "read", "Counts of child runs by state", _children),
+    Endpoint("GET", RUN + "/tasks", "read",
+             "A plan run's tasks in declaration order (TaskInfo: name, state, attempt, output, "
+             "error, blocked_by, worker, effect, parents, generation, recoveries, started_at, "
+             "ended_at); empty for a workflow run", _tasks),
     Endpoint("POST", RUN + "/updates/{name}", "operate",
              "Send an update and wait for the run's answer (timeout: seconds, default 30, "
              "at most 300); idempotent by update_id; 504 update_timeout carries the update_id "

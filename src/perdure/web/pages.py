@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from perdure import errors, queues, records, schedules
 from perdure.store import port
-from perdure.web import api, auth
+from perdure.web import api, auth, graph
 from perdure.web import schedules as web_schedules
 
 if TYPE_CHECKING:
@@ -34,9 +34,21 @@ _env = Environment(
     autoescape=select_autoescape(default=True, default_for_string=True),
 )
 _env.filters["pretty"] = lambda value: json.dumps(api.jsonable(value), indent=2, sort_keys=True)
+_env.filters["compact"] = lambda value: json.dumps(
+    api.jsonable(value), sort_keys=True, ensure_ascii=False
+)
 _env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 LIVE = frozenset({"queued", "running", "waiting", "suspended"})
+TASK_STATES = (
+    "succeeded",
+    "running",
+    "pending",
+    "failed",
+    "needs_attention",
+    "blocked",
+    "canceled",
+)
 ACTIONS = ("signal", "send", "update", "cancel", "suspend", "resume", "resolve", "fork")
 SCHEDULE_ACTIONS = ("pause", "resume", "trigger")
 
@@ -139,6 +151,8 @@ def _run_view(console: Console, run_id: str, children: str | None = None) -> dic
     history = client.history(run_id)
     waits = client.waits(run_id) if info.state == "waiting" else []
     entries = console.reads.journal(run_id)
+    # A plan declares at least one task: an empty list is a workflow run.
+    tasks = client.tasks(run_id)
     return {
         "run": info,
         "inputs": console.reads.inputs(run_id),
@@ -150,6 +164,10 @@ def _run_view(console: Console, run_id: str, children: str | None = None) -> dic
         "tree": console.reads.tree(run_id, children),
         "outside": console.reads.live(run_id),
         "live": info.state in LIVE,
+        "tasks": tasks,
+        "graph": graph.layout(tasks) if tasks else None,
+        "task_counts": {s: n for s in TASK_STATES if (n := sum(t.state == s for t in tasks))},
+        "attention": next((t.name for t in tasks if t.state == "needs_attention"), ""),
     }
 
 
