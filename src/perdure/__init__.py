@@ -59,6 +59,7 @@ from perdure.errors import (
 from perdure.fernet import FernetCodec
 from perdure.live import RunView
 from perdure.payloads import FilePayloadStore, PayloadCodec, PayloadStore
+from perdure.plans import Plan
 from perdure.queues import Queue, QueueInfo, Rate
 from perdure.ready import Ready
 from perdure.records import (
@@ -114,6 +115,7 @@ __all__ = [
     "PayloadTooLarge",
     "PayloadUnreadable",
     "PerdureError",
+    "Plan",
     "Provenance",
     "QueryFailed",
     "Queue",

@@ -497,6 +497,7 @@ class App(timetable.Timetable, queues.Queues, appplans.PlanRegistry):
         """Start a run of ``plan``: its roots take ``args`` and ``kwargs``."""
         if dry_run:
             raise errors.InvalidInput(f"plan {plan.name!r}: a plan run cannot be a dry run")
+        appplans.refuse_run_options(plan, kwargs)
         appplans.check_start(plan, args, kwargs)
         spec = appplans.plan_spec(plan)
         return self.client.start(plan.name, plan.version, args, kwargs, key=key, plan=spec)

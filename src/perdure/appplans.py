@@ -76,6 +76,32 @@ def plan_spec(plan: Plan, outputs: dict[str, str] | None = None) -> planport.Pla
     return planport.PlanSpec(digest, plans.SCHEDULER_POLICY, tasks, plan.max_recoveries)
 
 
+_RUN_OPTIONS = ("deadline", "queue", "queue_key", "priority")
+
+
+def refuse_run_options(plan: Plan, kwargs: dict[str, Any]) -> None:
+    """Refuse a workflow run's start options that a plan run does not take.
+
+    A keyword some root task takes is an input, as for a workflow's own parameters.
+
+    Raises:
+        errors.InvalidInput: ``deadline=``, ``queue=``, ``queue_key=`` or ``priority=``.
+    """
+    taken = {p for name in plan.roots() for p in inspect.signature(_fn(plan, name)).parameters}
+    for option in _RUN_OPTIONS:
+        if option in kwargs and option not in taken:
+            raise errors.InvalidInput(
+                f"plan {plan.name!r}: a plan run takes no {option}= (its tasks are claimed "
+                "one by one, outside deadlines and queues made for whole runs)"
+            )
+
+
+def _fn(plan: Plan, name: str) -> Any:
+    task = plan.task_def(name)
+    assert task is not None
+    return task.fn
+
+
 def check_start(plan: Plan, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
     """Refuse inputs that no root task of ``plan`` can take, before anything is stored.
 

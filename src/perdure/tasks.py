@@ -11,6 +11,7 @@ meanwhile; the final outcome is one fenced write that may end the run.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import threading
@@ -90,6 +91,11 @@ class TaskExecution:
                 value = self._call(task, args, kwargs)
             except Exception as exc:
                 self.effect_started = False
+                if task.effect == "once" and not isinstance(exc, errors.EffectFailed):
+                    # As for a once step: only EffectFailed says the effect did not
+                    # happen; anything else leaves its outcome unknown.
+                    self._fail(task, exc, attempt, "needs_attention", unknown=True)
+                    return
                 if not task.retry.should_retry(attempt, exc) or self._stopping.is_set():
                     self._fail(task, exc, attempt, "failed")
                     return
@@ -127,16 +133,55 @@ class TaskExecution:
         key = effects.idempotency_key(self.claim.run_id, task.name)
         with steps.keyed(key):
             if not task.is_async:
-                return task.fn(*args, **kwargs)
-            loop = self._loop()
-            if loop is None:
-                return asyncio.run(task.fn(*args, **kwargs))
+                if task.timeout is None:
+                    return task.fn(*args, **kwargs)
+                return self._within(task, args, kwargs)
 
             async def call() -> Any:
                 with steps.keyed(key):
-                    return await task.fn(*args, **kwargs)
+                    if task.timeout is None:
+                        return await task.fn(*args, **kwargs)
+                    try:
+                        return await asyncio.wait_for(task.fn(*args, **kwargs), task.timeout)
+                    except TimeoutError:
+                        raise self._timed_out(task) from None
 
+            loop = self._loop()
+            if loop is None:
+                return asyncio.run(call())
             return asyncio.run_coroutine_threadsafe(call(), loop).result()
+
+    def _within(self, task: plans.TaskDef, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run a sync attempt on a thread of its own and give up on it past the timeout.
+
+        A thread cannot be stopped from outside: one that times out runs on
+        until its function returns, and its result is dropped.
+        """
+        done = threading.Event()
+        outcome: list[tuple[bool, Any]] = []
+        context = contextvars.copy_context()  # the idempotency key goes along
+
+        def attempt() -> None:
+            try:
+                outcome.append((True, context.run(task.fn, *args, **kwargs)))
+            except BaseException as exc:  # handed to the task's thread below
+                outcome.append((False, exc))
+            finally:
+                done.set()
+
+        name = f"perdure-task-{task.name}"
+        threading.Thread(target=attempt, name=name, daemon=True).start()
+        if not done.wait(task.timeout):
+            raise self._timed_out(task)
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    def _timed_out(self, task: plans.TaskDef) -> errors.StepTimedOut:
+        return errors.StepTimedOut(
+            f"task {task.name} of run {self.claim.run_id} ran past its timeout of {task.timeout:g}s"
+        )
 
     def _fail(
         self,
@@ -144,8 +189,17 @@ class TaskExecution:
         exc: BaseException,
         attempts: int,
         outcome: Literal["failed", "needs_attention"],
+        *,
+        unknown: bool = False,
     ) -> None:
-        detail = codec.encode(_error(exc, attempts))
+        error = _error(exc, attempts)
+        if unknown:
+            error["code"] = planport.EFFECT_OUTCOME_UNKNOWN
+            error["message"] = (
+                f"task {task.name!r} started its effect (attempt {attempts}) and then "
+                f"{type(exc).__name__}: {exc}; its outcome is not recorded"
+            )
+        detail = codec.encode(error)
         self.effect_started = False
         end = self.store.fail_task(self.claim, detail, state=outcome)
         log.info(
