@@ -47,6 +47,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.controlport",
             "perdure.store.queueport",
             "perdure.store.ownerport",
+            "perdure.store.planport",
         }
     },
     {
@@ -69,12 +70,18 @@ LAYERS: list[dict[str, set[str]]] = [
     },
     {
         "steps": {"perdure.steps", "perdure.dryrun"},
-        "client": {"perdure.client", "perdure.reads", "perdure.liveclient", "perdure.lineage"},
+        "client": {
+            "perdure.client",
+            "perdure.reads",
+            "perdure.liveclient",
+            "perdure.lineage",
+            "perdure.appplans",
+        },
     },
     {"context": {"perdure.context", "perdure.select"}},
     {"registry": {"perdure.registry"}},
     {
-        "execution": {"perdure.execution"},
+        "execution": {"perdure.execution", "perdure.tasks"},
         "keeper": {"perdure.keeper"},
         "ownership": {"perdure.ownership"},
         "check": {"perdure.check"},
