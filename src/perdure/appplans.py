@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from perdure import errors, plans, records
+from perdure import codec, errors, plans, records
 from perdure.plans import Plan
 from perdure.store import planport
 
@@ -108,17 +108,28 @@ def check_start(plan: Plan, args: tuple[Any, ...] | list[Any], kwargs: dict[str,
     Raises:
         errors.InvalidPlan: the plan is not whole.
         errors.InvalidInput: a root cannot be called with these inputs.
+        errors.InvalidPayload: a value does not fit a root's type hint.
     """
     plan.check()
     for name in plan.roots():
         task = plan.task_def(name)
         assert task is not None
         try:
-            inspect.signature(task.fn).bind(*args, **kwargs)
+            bound = inspect.signature(task.fn).bind(*args, **kwargs)
         except TypeError as exc:
             raise errors.InvalidInput(
                 f"plan {plan.name!r}: root task {name!r} cannot take these inputs: {exc}"
             ) from exc
+        # As for a workflow: a value its hint refuses would only fail the task later.
+        for param, value in bound.arguments.items():
+            if param not in task.params:
+                continue
+            try:
+                codec.convert(codec.decode(codec.encode(value)), task.params[param])
+            except errors.InvalidPayload as exc:
+                raise errors.InvalidPayload(
+                    f"plan {plan.name!r}: argument {param!r} of root task {name!r}: {exc}"
+                ) from None
 
 
 def task_info(task: planport.Task, output: Any, error: dict[str, Any] | None) -> records.TaskInfo:

@@ -125,6 +125,30 @@ def workers(crash_env: dict[str, str], tmp_path: Path) -> Iterator[Workers]:
     started.close()
 
 
+class PlanWorkers(Workers):
+    """Worker processes of ``plan_app``, whose tasks record what ran in ``PLAN_LOG``."""
+
+    def command(self, *, via_cli: bool, lease_ttl: float, heartbeat: float) -> list[str]:
+        return [sys.executable, "-c", "import plan_app; plan_app.serve()"]
+
+    def serving(self, name: str) -> bool:
+        """Whether the worker logged under ``name`` has started serving."""
+        path = self.logs / f"{name}.log"
+        return path.exists() and b" serving" in path.read_bytes()
+
+
+@pytest.fixture
+def plan_workers(crash_env: dict[str, str], tmp_path: Path) -> Iterator[PlanWorkers]:
+    env = {
+        **crash_env,
+        "PLAN_LOG": str(tmp_path / "plan.log"),
+        "PLAN_ENTERED": str(tmp_path / "entered"),
+    }
+    started = PlanWorkers(env, tmp_path)
+    yield started
+    started.close()
+
+
 @pytest.fixture
 def store(store_url: str) -> Iterator[port.Store]:
     """The test's own handle on the store the workers use."""
