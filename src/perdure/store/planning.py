@@ -196,10 +196,8 @@ class PlanTransitions(transitions.Transitions[C]):
         return self.read.run(row)
 
     def _task_row(self, cur: C, run_id: str, name: str) -> planport.Task | None:
-        for row in self._exec(cur, "tasks_of_run", run_id=run_id).fetchall():
-            if row["name"] == name:
-                return read_task(self.read, row)
-        return None
+        row = self._exec(cur, "task_row", run_id=run_id, name=name).fetchone()
+        return None if row is None else read_task(self.read, row)
 
     def _claim_task(
         self, cur: C, run_id: str, name: str, worker: str, ttl: float
@@ -458,6 +456,11 @@ class PlanTransitions(transitions.Transitions[C]):
         found = self._exec(cur, "run_by_id", run_id=run_id).fetchone()
         run = self.read.run(found)
         if run.state != "running":
+            return []
+        # One indexed probe per transition: reading every task each time would
+        # make a run of n tasks cost O(n^2). The rows are read, and checked
+        # against each other, once: when the run ends.
+        if self._exec(cur, "task_open", run_id=run_id).fetchone() is not None:
             return []
         tasks = [read_task(self.read, r) for r in self._exec(cur, "tasks_of_run", run_id=run_id)]
         check_tasks(run, tasks)
