@@ -122,10 +122,7 @@ def measure(kind: str, shape: str, workers: int, sizes: dict[str, int]) -> dict[
             c.expect("started")
         count = sizes[shape]
         t0 = time.perf_counter()
-        if shape == "map":
-            handle = app.start("fan", count)
-        else:
-            handle = app.start(shape)
+        handle = app.start("fan", count) if shape == "map" else app.start(shape)
         started = time.perf_counter() - t0
         result = handle.result(timeout=600)
         elapsed = time.perf_counter() - t0
