@@ -1385,6 +1385,15 @@ VALUES (
 -- name: tasks_of_run
 SELECT * FROM perdure.tasks WHERE run_id = %(run_id)s ORDER BY position;
 
+-- name: task_row
+SELECT * FROM perdure.tasks WHERE run_id = %(run_id)s AND name = %(name)s;
+
+-- name: task_open
+-- Whether the run has a task still pending or running (through tasks_open).
+SELECT 1 AS open FROM perdure.tasks
+WHERE run_id = %(run_id)s AND state IN ('pending', 'running')
+LIMIT 1;
+
 -- name: task_candidates
 -- Pending tasks whose parents all succeeded (each read again by task_claim
 -- under the lock), then lapsed ones, of running plan runs of the served
@@ -1403,10 +1412,11 @@ SELECT * FROM (
       AND NOT EXISTS (
           -- Parents that are no JSON array make the task a candidate, so that
           -- the caller's read of the run refuses it rather than this query fail.
+          -- Each parent is found by its key: a missing one holds the task back.
           SELECT 1 FROM jsonb_array_elements_text(CASE WHEN jsonb_typeof(t.parents) = 'array'
               THEN t.parents ELSE '[]'::jsonb END) AS p(name)
-          JOIN perdure.tasks AS up ON up.run_id = t.run_id AND up.name = p.name
-          WHERE up.state <> 'succeeded'
+          WHERE coalesce((SELECT up.state FROM perdure.tasks AS up
+                          WHERE up.run_id = t.run_id AND up.name = p.name), '') <> 'succeeded'
       )
     UNION ALL
     SELECT t.run_id, t.name, t.state, r.workflow, r.version, r.plan_digest,
@@ -1449,8 +1459,8 @@ WHERE run_id = %(run_id)s AND name = %(name)s
   AND (
       (state = 'pending' AND (ready_at IS NULL OR ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())) AND NOT EXISTS (
           SELECT 1 FROM jsonb_array_elements_text(tasks.parents) AS p(name)
-          JOIN perdure.tasks AS up ON up.run_id = tasks.run_id AND up.name = p.name
-          WHERE up.state <> 'succeeded'
+          WHERE coalesce((SELECT up.state FROM perdure.tasks AS up
+                          WHERE up.run_id = tasks.run_id AND up.name = p.name), '') <> 'succeeded'
       ))
       OR (state = 'running' AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp()))
   )

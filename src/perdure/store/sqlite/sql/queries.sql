@@ -1176,6 +1176,15 @@ VALUES (
 -- name: tasks_of_run
 SELECT * FROM tasks WHERE run_id = :run_id ORDER BY position;
 
+-- name: task_row
+SELECT * FROM tasks WHERE run_id = :run_id AND name = :name;
+
+-- name: task_open
+-- Whether the run has a task still pending or running (through tasks_open).
+SELECT 1 AS open FROM tasks
+WHERE run_id = :run_id AND state IN ('pending', 'running')
+LIMIT 1;
+
 -- name: task_candidates
 -- Pending tasks whose parents all succeeded (each read again by task_claim
 -- under the lock), then lapsed ones, of running plan runs of the served
@@ -1193,10 +1202,11 @@ SELECT * FROM (
       AND NOT EXISTS (
           -- Parents that are no JSON array make the task a candidate, so that
           -- the caller's read of the run refuses it rather than this query fail.
+          -- Each parent is found by its key: a missing one holds the task back.
           SELECT 1 FROM json_each(CASE WHEN NOT json_valid(t.parents) THEN '[]'
               WHEN json_type(t.parents) <> 'array' THEN '[]' ELSE t.parents END) AS p
-          JOIN tasks AS up ON up.run_id = t.run_id AND up.name = p.value
-          WHERE up.state <> 'succeeded'
+          WHERE coalesce((SELECT up.state FROM tasks AS up
+                          WHERE up.run_id = t.run_id AND up.name = p.value), '') <> 'succeeded'
       )
     UNION ALL
     SELECT t.run_id, t.name, t.state, r.workflow, r.version, r.plan_digest,
@@ -1237,8 +1247,8 @@ WHERE run_id = :run_id AND name = :name
   AND (
       (state = 'pending' AND (ready_at IS NULL OR ready_at <= :now) AND NOT EXISTS (
           SELECT 1 FROM json_each(tasks.parents) AS p
-          JOIN tasks AS up ON up.run_id = tasks.run_id AND up.name = p.value
-          WHERE up.state <> 'succeeded'
+          WHERE coalesce((SELECT up.state FROM tasks AS up
+                          WHERE up.run_id = tasks.run_id AND up.name = p.value), '') <> 'succeeded'
       ))
       OR (state = 'running' AND lease_expires_at <= :now)
   )
