@@ -161,6 +161,9 @@ class ReplayRuntime:
     def acknowledge_cancel(self) -> None:
         return None
 
+    def hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> bool:
+        return False  # a replay check parks nothing
+
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
         return self._registry.workflow_ref(workflow)
 

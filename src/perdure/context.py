@@ -72,6 +72,16 @@ class Runtime(steps.Runtime, Protocol):
     def acknowledge_cancel(self) -> None:
         """Let clean-up writes through now that workflow code was told of the cancel."""
 
+    def hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> bool:
+        """Park the run here, in place, instead of unwinding its code.
+
+        Returns True when the caller should look at its wait again: the park
+        found the wait already met, or the run was parked and then taken up
+        again by this worker (see :mod:`perdure.warm`). Returns False when the
+        run must be parked the ordinary way (raise :class:`Parked`). May
+        raise to unwind a run that was parked here and not taken up again.
+        """
+
     def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
         """Return (name, version, return hint) of a registered workflow or its name."""
 
@@ -276,9 +286,15 @@ class Context:
             entry = journal.Entry(self._cursor.position, "sleep", key, "ok", until)
             self._runtime.buffer(entry)
         due: datetime = self._read(entry, _instant)
-        if self._runtime.now() < due:
-            raise Parked([], due)
+        while self._runtime.now() < due:
+            self._hold([], due)
         return ready.Ready(None)
+
+    def _hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> None:
+        """Park; return only if the run may look at its wait again, in place."""
+        # An async workflow's code runs on the worker's event loop: it cannot block there.
+        if self.asynchronous or not self._runtime.hold(waits, wake_at):
+            raise Parked(waits, wake_at)
 
     def _open(
         self, kind: str, name: str, timeout: timedelta | float | None
@@ -309,11 +325,13 @@ class Context:
         name = self._cursor.wait_key(name)
         done, deadline = self._open("wait", name, timeout)
         if done is None:
-            outcome = self._runtime.outcome(name)
-            if outcome is None and deadline is not None and self._runtime.now() >= deadline:
-                outcome = self._runtime.settle_timeout(name)
-            if outcome is None:
-                raise Parked([journal.WaitSpec(name, "signal", deadline)], None)
+            while True:
+                outcome = self._runtime.outcome(name)
+                if outcome is None and deadline is not None and self._runtime.now() >= deadline:
+                    outcome = self._runtime.settle_timeout(name)
+                if outcome is not None:
+                    break
+                self._hold([journal.WaitSpec(name, "signal", deadline)], None)
             done, mark = journal.settled_wait(self._cursor.position, outcome)
             self._runtime.buffer(done, mark)
         if done.status == "ok":
@@ -337,7 +355,7 @@ class Context:
         codec.check_text("a channel name", channel)
         after = self._consumed.get(channel, 0)
         done, deadline = self._open("receive", channel, timeout)
-        if done is None:
+        while done is None:
             message = self._runtime.next_message(channel, after)
             position = self._cursor.position
             if message is not None:
@@ -350,7 +368,7 @@ class Context:
                 done = journal.Entry(position, "receive", channel, "error", error=error)
                 self._runtime.buffer(done)
             else:
-                raise Parked([journal.WaitSpec(channel, "channel", deadline, after)], None)
+                self._hold([journal.WaitSpec(channel, "channel", deadline, after)], None)
         if done.status != "ok":
             raise errors.WaitTimedOut(f"receive on {channel!r} timed out")
         body: journal.Received = self._read(done, journal.Received.decode)
@@ -447,9 +465,8 @@ class Context:
     def _child_result(self, child_id: str, hint: Any) -> Any:
         entry = self._next(replay.Call("child_result", child_id))
         if entry is None:
-            outcome = self._runtime.outcome(f"child:{child_id}")
-            if outcome is None:
-                raise Parked([journal.WaitSpec(f"child:{child_id}", "child")], None)
+            while (outcome := self._runtime.outcome(f"child:{child_id}")) is None:
+                self._hold([journal.WaitSpec(f"child:{child_id}", "child")], None)
             entry, mark = journal.child_result(self._cursor.position, child_id, outcome)
             self._runtime.buffer(entry, mark)
         if entry.status == "ok":
@@ -515,7 +532,7 @@ class Context:
             raise errors.InvalidInput(f"update name {name!r} must be non-empty, without '/'")
         after = self._live.updates.get(name, 0)
         done, deadline = self._open("update", name, timeout)
-        if done is None:
+        while done is None:
             found = self._runtime.next_update(name, after)
             position = self._cursor.position
             if found is not None:
@@ -527,7 +544,7 @@ class Context:
                 done = journal.Entry(position, "update", name, "error", error=error.encode())
                 self._runtime.buffer(done)
             else:
-                raise Parked([journal.WaitSpec(name, "update", deadline, after)], None)
+                self._hold([journal.WaitSpec(name, "update", deadline, after)], None)
         if done.status != "ok":
             raise errors.WaitTimedOut(f"no update {name!r} arrived before the timeout")
         body: live.UpdateReceived = self._read(done, live.UpdateReceived.decode)

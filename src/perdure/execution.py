@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from perdure import (
     appplans,
@@ -36,6 +36,7 @@ from perdure import (
     steps,
     telemetry,
     validation,
+    warm,
 )
 from perdure import registry as registry_api
 from perdure.store import chainport, controlport, liveport, planport, port
@@ -65,6 +66,28 @@ class Host(Protocol):
         kwargs: dict[str, Any],
     ) -> Any:
         """Call the workflow function with ``ctx`` bound."""
+        ...
+
+
+@runtime_checkable
+class WarmHost(Host, Protocol):
+    """A host that keeps parked runs warm (see :mod:`perdure.warm`)."""
+
+    def warm_slot(self, execution: Execution) -> warm.WarmSlot | None:
+        """A slot to keep the run warm in, reserved for it; None: park the ordinary way."""
+        ...
+
+    def warm_parked(self, execution: Execution, slot: warm.WarmSlot, wake: datetime | None) -> None:
+        """The run is parked in the store: stop renewing it and free its place, keep the slot."""
+        ...
+
+    def warm_cooled(self, slot: warm.WarmSlot) -> port.Claimed | None:
+        """Give the slot up; return a claim that was handed to it meanwhile, if any."""
+        ...
+
+    @property
+    def warm_for(self) -> float:
+        """How long a warm-parked run waits here to be taken up again, in seconds."""
         ...
 
 
@@ -121,6 +144,8 @@ class Execution:
         self.span: telemetry.Span = telemetry.NO_SPAN
         self.ended = "interrupted"  # how the run attempt ended, for its span
         self._deadline_asked = False
+        # A park that hold() tried and the store refused: settled as the ordinary park's.
+        self._park_error: BaseException | None = None
 
     # -- the claim, shared with the heartbeat -----------------------------------
 
@@ -442,6 +467,66 @@ class Execution:
             store = controlport.require(self.store)
             self._guarded(lambda: store.expire_deadlines(run_id=self.run_.run_id))
 
+    def hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> bool:
+        # A run with a deadline parks the ordinary way: its deadline is enforced there.
+        if self.run_.deadline is not None or self.lost is not None:
+            return False
+        host = self.host
+        if not isinstance(host, WarmHost):
+            return False
+        slot = host.warm_slot(self)
+        if slot is None:
+            return False
+        entries, marks = self._buffer.take()
+        try:
+            done = self.store.park(self.claim, entries, waits, wake_at=wake_at, marks=marks)
+        except BaseException as exc:
+            # The ordinary path settles what refused the park, as if it had tried.
+            self._buffer.restore(entries, marks)
+            host.warm_cooled(slot)
+            self._park_error = exc
+            return False
+        self._written(entries)
+        if not done:
+            # A wait was met meanwhile: the run still holds its claim; look again.
+            host.warm_cooled(slot)
+            self._outcomes = {o.name: o for o in self._guarded(self._all_outcomes)}
+            return True
+        deadlines = [w.deadline for w in waits if w.deadline] + ([wake_at] if wake_at else [])
+        wake = min(deadlines) if deadlines else None
+        self.log.log(logging.DEBUG, "parked warm (%s)", ", ".join(w.name for w in waits) or wake)
+        host.warm_parked(self, slot, wake)
+        claimed = slot.taken() if slot.wait(host.warm_for) else host.warm_cooled(slot)
+        if claimed is None:
+            self.ended = "parked"
+            raise warm.Cooled(wake)
+        self._resume(claimed)
+        return True
+
+    def _all_outcomes(self) -> list[port.Outcome]:
+        return self.store.outcomes(self.run_.run_id)
+
+    def matches(self, claimed: port.Claimed) -> bool:
+        """Whether a claim of this run finds the journal exactly as this execution left it."""
+        return self._cursor is not None and warm.same_journal(self._cursor.entries(), claimed)
+
+    def _resume(self, claimed: port.Claimed) -> None:
+        """Go on under a new claim of the run, from where its code waits."""
+        self.claimed = claimed
+        self.run_ = claimed.run
+        with self._lock:
+            self._claim = claimed.claim
+        self._outcomes = {o.name: o for o in claimed.outcomes}
+        run = claimed.run
+        self.lost = (
+            errors.Canceled(run.run_id)
+            if run.cancel_requested
+            else errors.Suspended(run.run_id)
+            if run.suspend_requested
+            else None
+        )
+        self.log.log(logging.DEBUG, "taken up warm (generation %d)", claimed.claim.generation)
+
     def _written(self, entries: list[journal.Entry]) -> None:
         """Note entries the store now holds, so a later pass replays them."""
         if self._cursor is not None:
@@ -604,6 +689,9 @@ class Execution:
         while True:
             try:
                 result = self.host.invoke(wf, ctx, args, kwargs)
+            except warm.Cooled as cooled:
+                # Parked by hold() and not taken up again here: nothing to write.
+                return cooled.wake_at
             except context.Parked as parked:
                 try:
                     self._enforce_deadline()
@@ -612,6 +700,9 @@ class Execution:
                     return None
                 entries, marks = self._buffer.take()
                 try:
+                    if self._park_error is not None:
+                        refused, self._park_error = self._park_error, None
+                        raise refused
                     done = self.store.park(
                         self.claim, entries, parked.waits, wake_at=parked.wake_at, marks=marks
                     )

@@ -32,6 +32,7 @@ from perdure import execution as execution_api
 from perdure import ownership as ownership_api
 from perdure import tasks as tasks_api
 from perdure import telemetry as telemetry_api
+from perdure import warm as warm_api
 from perdure.registry import Registry, WorkflowDef
 from perdure.store import planport, port, retention, scheduleport
 
@@ -97,6 +98,8 @@ class Worker:
         ownership: str = "run-lease",
         lease_wait: float = 60.0,
         standby: bool = True,
+        warm: int | None = None,
+        warm_for: float = 5.0,
     ) -> None:
         validate_timing(lease_ttl, heartbeat)
         posture = ownership_api.posture(ownership)
@@ -177,6 +180,17 @@ class Worker:
         self._scheduled = not dry_run and bool(self._schedule_specs())
         self._schedules_saved = False
         self._started = False
+        # Parked runs kept in memory, by run id (perdure.warm): at most ``warm``
+        # of them (default: as many as run at once), each for ``warm_for`` seconds.
+        cap = concurrency if warm is None else warm
+        if cap < 0 or not warm_for >= 0:
+            raise errors.InvalidInput(
+                f"warm must be at least 0 and warm_for at least 0 seconds, got {warm}, {warm_for}"
+            )
+        self._warm_cap = cap if warm_for > 0 else 0
+        self._warm_for = float(warm_for)
+        self._warm: dict[str, tuple[warm_api.WarmSlot, Execution]] = {}
+        self._warm_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -220,7 +234,9 @@ class Worker:
                 )
                 self._keeper = None
                 self.liveness = "thread"
-        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="perdure-run")
+        # Warm-parked runs hold a thread each, beside the ones that run.
+        threads = self.concurrency + self._warm_cap
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="perdure-run")
         self._loop = asyncio.new_event_loop()
         for target, name in (
             (self._loop.run_forever, "perdure-loop"),
@@ -253,6 +269,7 @@ class Worker:
         """
         self._stop_event.set()
         self._slot_freed.set()
+        self._cool_all()
         with contextlib.suppress(Exception):
             self.store.notify_ready()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -610,7 +627,76 @@ class Worker:
         except RuntimeError:
             self._forget(execution)
 
+    # -- warm parking (perdure.warm) ----------------------------------------------
+
+    @property
+    def warm_for(self) -> float:
+        return self._warm_for
+
+    def warm_slot(self, execution: Execution) -> warm_api.WarmSlot | None:
+        if self._warm_cap == 0 or self._stop_event.is_set():
+            return None
+        with self._warm_lock:
+            if len(self._warm) >= self._warm_cap or execution.key in self._warm:
+                return None
+            slot = warm_api.WarmSlot(execution.key)
+            self._warm[execution.key] = (slot, execution)
+            return slot
+
+    def warm_parked(
+        self, execution: Execution, slot: warm_api.WarmSlot, wake: datetime | None
+    ) -> None:
+        with self._active_lock:
+            if self._active.get(execution.key) is execution:
+                del self._active[execution.key]
+        if self._keeper is not None:
+            self._keeper.drop(execution.key, execution.claim.generation)
+        with self._warm_lock:
+            slot.parked = True
+        self._slot_freed.set()
+        self._note_wake(wake)
+
+    def warm_cooled(self, slot: warm_api.WarmSlot) -> port.Claimed | None:
+        with self._warm_lock:
+            found = self._warm.get(slot.run_id)
+            if found is not None and found[0] is slot:
+                del self._warm[slot.run_id]
+                return None
+        # A claim took the slot: its hand-over follows at once.
+        slot.wait(5.0)
+        return slot.taken()
+
+    def _cool_all(self) -> None:
+        with self._warm_lock:
+            slots = [slot for slot, _ in self._warm.values()]
+            self._warm.clear()
+        for slot in slots:
+            slot.hand(None)
+
+    def _take_warm(self, claimed: port.Claimed) -> bool:
+        """Hand a claim to the run's warm execution, if it waits here and still fits."""
+        if not self._warm:
+            return False
+        run_id = claimed.claim.run_id
+        with self._warm_lock:
+            found = self._warm.get(run_id)
+            if found is None or not found[0].parked:
+                return False
+            del self._warm[run_id]
+        slot, execution = found
+        if claimed.recovered or not execution.matches(claimed):
+            slot.hand(None)  # another pass ran it meanwhile: replay from the journal
+            return False
+        with self._active_lock:
+            self._active[run_id] = execution
+        if self._keeper is not None:
+            self._keeper.hold(claimed.claim)
+        slot.hand(claimed)
+        return True
+
     def _dispatch(self, claimed: port.Claimed) -> None:
+        if self._take_warm(claimed):
+            return
         execution = Execution(self, claimed)
         with self._active_lock:
             self._active[claimed.claim.run_id] = execution

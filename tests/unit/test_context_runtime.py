@@ -60,6 +60,9 @@ class FakeRuntime:
     def pause(self, seconds: float) -> None:
         pass
 
+    def hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> bool:
+        return False
+
     def recorded(self, position: int) -> journal.Entry | None:
         return self.cursor.at(position)
 
@@ -391,6 +394,7 @@ def _allowed(module: Any) -> set[str]:
         replay: {"effects", "errors", "validation"},
         journal: {"codec"},
         execution: {
+            "warm",
             "appplans",
             "plans",
             "chains",

@@ -82,7 +82,7 @@ LAYERS: list[dict[str, set[str]]] = [
     {"context": {"perdure.context", "perdure.select"}},
     {"registry": {"perdure.registry"}},
     {
-        "execution": {"perdure.execution", "perdure.tasks"},
+        "execution": {"perdure.execution", "perdure.tasks", "perdure.warm"},
         "keeper": {"perdure.keeper"},
         "ownership": {"perdure.ownership"},
         "check": {"perdure.check"},

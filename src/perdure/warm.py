@@ -1,0 +1,66 @@
+"""Warm parking: a parked run kept in memory by its worker, resumed without a replay.
+
+When a sync workflow waits (a signal, a message, an update, a child's result,
+a sleep), its run is parked in the store as always: the lease is given back
+and any worker may claim the run when it is woken. The worker that parked it
+also keeps the workflow's thread where it stopped, for a short while
+(``Worker(warm_for=...)``), holding a :class:`WarmSlot`. If that worker's own
+claim takes the run again and the journal is exactly what this execution
+wrote (no other worker ran it in between), the claim is handed to the waiting
+thread, which goes on from the wait: no replay, no new execution. Otherwise
+the slot is let go: the thread unwinds with :class:`Cooled` (nothing is
+written: the run is already parked) and the claim, if any, is executed the
+ordinary way. Every guarantee stays the store's: a warm run is parked like
+any other, and its claim is an ordinary fenced claim.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+
+from perdure import errors
+from perdure.store import port
+
+
+class Cooled(errors.Suspend):
+    """A warm-parked run was not resumed here: unwind its code (it is parked already)."""
+
+    def __init__(self, wake_at: datetime | None) -> None:
+        self.wake_at = wake_at
+        super().__init__("parked, not resumed here")
+
+
+class WarmSlot:
+    """Where a claim of a warm-parked run is handed to the thread that waits for it."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        # Set once the run is parked in the store: only then may a claim be handed over.
+        self.parked = False
+        self._handed = threading.Event()
+        self._claimed: port.Claimed | None = None
+
+    def hand(self, claimed: port.Claimed | None) -> None:
+        """Give the waiting thread a claim to go on with, or None to unwind."""
+        self._claimed = claimed
+        self._handed.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a hand-over or ``timeout``; return whether one came."""
+        return self._handed.wait(timeout)
+
+    def taken(self) -> port.Claimed | None:
+        """The claim handed over (None: unwind). Call after a hand-over."""
+        return self._claimed
+
+
+def same_journal(known: list[port.JournalEntry], claimed: port.Claimed) -> bool:
+    """Whether a claim's journal is exactly the one a warm execution knows."""
+    if len(known) != len(claimed.journal):
+        return False
+    return all(
+        (a.position, a.kind, a.name, a.status, a.output, a.error, a.attempt)
+        == (b.position, b.kind, b.name, b.status, b.output, b.error, b.attempt)
+        for a, b in zip(known, claimed.journal, strict=True)
+    )
