@@ -668,6 +668,9 @@ class App(timetable.Timetable, queues.Queues, appplans.PlanRegistry):
         ``ownership`` is ``"run-lease"`` (default), ``"store-lease"`` (with
         ``lease_wait`` and ``standby``) or ``"none"`` (docs/howto/postures.md);
         ``dry_run=True`` makes a worker that claims dry runs only.
+        ``warm`` (default: ``concurrency``; 0: none) parked runs are kept in
+        memory for ``warm_for`` seconds (default 5) and go on without a replay
+        when this worker takes them up again (``perdure.warm``).
 
         Raises:
             errors.LeaseTimingInvalid: (a ValueError) when ``heartbeat`` is not

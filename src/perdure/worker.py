@@ -653,6 +653,7 @@ class Worker:
             self._keeper.drop(execution.key, execution.claim.generation)
         with self._warm_lock:
             slot.parked = True
+        slot.settled.set()
         self._slot_freed.set()
         self._note_wake(wake)
 
@@ -661,6 +662,7 @@ class Worker:
             found = self._warm.get(slot.run_id)
             if found is not None and found[0] is slot:
                 del self._warm[slot.run_id]
+                slot.settled.set()
                 return None
         # A claim took the slot: its hand-over follows at once.
         slot.wait(5.0)
@@ -680,12 +682,19 @@ class Worker:
         run_id = claimed.claim.run_id
         with self._warm_lock:
             found = self._warm.get(run_id)
-            if found is None or not found[0].parked:
+        if found is None:
+            return False
+        # A claim can follow the park's commit before its thread says it parked.
+        found[0].settled.wait(1.0)
+        with self._warm_lock:
+            if self._warm.get(run_id) is not found or not found[0].parked:
                 return False
             del self._warm[run_id]
         slot, execution = found
         if claimed.recovered or not execution.matches(claimed):
-            slot.hand(None)  # another pass ran it meanwhile: replay from the journal
+            # Another pass ran it meanwhile: the claim replays the journal instead.
+            log.debug("worker %s: run %s moved on elsewhere; replaying", self.worker_id, run_id)
+            slot.hand(None)
             return False
         with self._active_lock:
             self._active[run_id] = execution

@@ -45,6 +45,22 @@ from perdure.cli import common, output
     help="Seconds a stopping worker lets in-flight steps finish before it releases their runs.",
 )
 @click.option(
+    "--warm",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Parked runs kept in memory to go on without a replay when woken here "
+    "(default: --concurrency; 0: none).",
+)
+@click.option(
+    "--warm-for",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds a parked run is kept in memory.",
+)
+@click.option(
     "--liveness",
     type=click.Choice(["process", "thread"]),
     default="process",
@@ -97,6 +113,8 @@ def worker(
     lease_ttl: float,
     heartbeat: float,
     grace: float,
+    warm: int | None,
+    warm_for: float,
     liveness: str,
     ownership: str,
     lease_wait: float,
@@ -129,6 +147,8 @@ def worker(
             lease_ttl=lease_ttl,
             heartbeat=heartbeat,
             grace=grace,
+            warm=warm,
+            warm_for=warm_for,
             liveness=liveness,
             dry_run=dry_run,
             ownership=ownership,

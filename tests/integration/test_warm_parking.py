@@ -1,0 +1,170 @@
+"""Warm parking (perdure.warm): a waiting sync run is taken up again in place, without a
+replay, only when the journal is exactly what it left; otherwise it is replayed (both stores)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import perdure
+from perdure import warm
+from perdure.store import port
+
+WAIT = 30
+
+
+def _until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_a_run_that_waits_goes_on_in_place_without_a_replay(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    app = make_app()
+    entered: list[int] = []
+
+    @app.workflow()
+    def gatherer(ctx: perdure.Context, count: int) -> list[int]:
+        entered.append(1)  # not durable: counts how often the code starts from the top
+        return [ctx.wait("item") for _ in range(count)]
+
+    handle = app.start(gatherer, 5)
+    with app.worker(warm_for=10):
+        for i in range(5):
+            _until(lambda: app.get(handle.run_id).state == "waiting")
+            app.signal(handle.run_id, "item", i)
+        assert handle.result(timeout=WAIT) == [0, 1, 2, 3, 4]
+    assert len(entered) == 1
+    kinds = [h.kind for h in app.history(handle.run_id)]
+    assert kinds.count("parked") == 5 and kinds.count("claimed") == 6
+
+
+def test_without_warm_parking_every_wake_replays(make_app: Callable[..., perdure.App]) -> None:
+    app = make_app()
+    entered: list[int] = []
+
+    @app.workflow()
+    def gatherer(ctx: perdure.Context, count: int) -> list[int]:
+        entered.append(1)
+        return [ctx.wait("item") for _ in range(count)]
+
+    handle = app.start(gatherer, 3)
+    with app.worker(warm=0):
+        for i in range(3):
+            _until(lambda: app.get(handle.run_id).state == "waiting")
+            app.signal(handle.run_id, "item", i)
+        assert handle.result(timeout=WAIT) == [0, 1, 2]
+    assert len(entered) == 4
+
+
+def test_updates_and_messages_and_children_are_taken_up_warm(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    app = make_app()
+    entered: list[int] = []
+
+    @app.workflow()
+    def child(ctx: perdure.Context, n: int) -> int:
+        return n * 2
+
+    @app.workflow()
+    def mixed(ctx: perdure.Context) -> list[object]:
+        entered.append(1)
+        update = ctx.next_update("ask")
+        ctx.respond(update, "ok")
+        message = ctx.receive("inbox")
+        doubled = ctx.start_child(child, 21).result()
+        ctx.sleep(0.05)
+        return [update.payload, message.payload, doubled]
+
+    handle = app.start(mixed)
+    with app.worker(warm_for=10):
+        _until(lambda: app.get(handle.run_id).state == "waiting")
+        assert app.update(handle.run_id, "ask", "q", timeout=WAIT) == "ok"
+        _until(lambda: app.get(handle.run_id).state == "waiting")
+        app.send(handle.run_id, "inbox", "k1", "hello")
+        assert handle.result(timeout=WAIT) == ["q", "hello", 42]
+    assert len(entered) == 1
+
+
+def test_a_run_another_worker_moved_on_is_replayed_not_resumed(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    """Two workers race for one run through 30 signals: whichever takes each wake, every
+    signal is applied once and in order, and a warm thread never resumes a stale journal."""
+    app = make_app()
+
+    @app.workflow()
+    def gatherer(ctx: perdure.Context, count: int) -> list[int]:
+        return [ctx.wait("item") for _ in range(count)]
+
+    handle = app.start(gatherer, 30)
+    with app.worker(concurrency=2, warm_for=10), app.worker(concurrency=2, warm_for=10):
+        for i in range(30):
+            # Each wake is a claim both workers race for; the loser's warm thread
+            # meets a journal that moved on at its own next claim.
+            _until(lambda: app.get(handle.run_id).state == "waiting")
+            app.signal(handle.run_id, "item", i)
+        assert handle.result(timeout=WAIT) == list(range(30))
+    waits = [e for e in app.store.journal(handle.run_id) if e.kind == "wait"]
+    assert len(waits) == 30
+
+
+def test_a_stopping_worker_lets_its_warm_runs_go_at_once(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    app = make_app()
+
+    @app.workflow()
+    def waiter(ctx: perdure.Context) -> str:
+        return str(ctx.wait("go"))
+
+    handle = app.start(waiter)
+    worker = app.worker(warm_for=60).start()
+    _until(lambda: app.get(handle.run_id).state == "waiting")
+    started = time.monotonic()
+    assert worker.stop(timeout=10)
+    assert time.monotonic() - started < 5  # not the 60 s warm window
+    app.signal(handle.run_id, "go", "later")
+    with app.worker(warm=0):
+        assert handle.result(timeout=WAIT) == "later"
+
+
+def test_a_canceled_warm_run_is_canceled(make_app: Callable[..., perdure.App]) -> None:
+    app = make_app()
+    done = threading.Event()
+
+    @app.workflow()
+    def waiter(ctx: perdure.Context) -> str:
+        try:
+            return str(ctx.wait("go"))
+        finally:
+            done.set()
+
+    handle = app.start(waiter)
+    with app.worker(warm_for=0.5):
+        _until(lambda: app.get(handle.run_id).state == "waiting")
+        assert app.cancel(handle.run_id)
+        assert app.get(handle.run_id).state == "canceled"
+        assert done.wait(10)  # the warm thread let go of the run's code
+    assert app.get(handle.run_id).state == "canceled"
+
+
+def _entry(position: int, output: str) -> port.JournalEntry:
+    return port.JournalEntry(position, "wait", f"go#{position}", "ok", output)
+
+
+def test_only_the_same_journal_lets_a_warm_run_go_on() -> None:
+    mine = [_entry(1, '"a"'), _entry(2, '"b"')]
+
+    def claimed(entries: list[port.JournalEntry]) -> port.Claimed:
+        return port.Claimed(None, None, entries, [], False)  # type: ignore[arg-type]
+
+    assert warm.same_journal(mine, claimed(list(mine)))
+    assert not warm.same_journal(mine, claimed(mine[:1]))
+    assert not warm.same_journal(mine, claimed([*mine, _entry(3, '"c"')]))
+    assert not warm.same_journal(mine, claimed([mine[0], _entry(2, '"other"')]))
