@@ -496,6 +496,9 @@ class Execution:
         wake = min(deadlines) if deadlines else None
         self.log.log(logging.DEBUG, "parked warm (%s)", ", ".join(w.name for w in waits) or wake)
         host.warm_parked(self, slot, wake)
+        # This claim's span ends here, as an ordinary park's would.
+        self.span.end("parked")
+        self.span = telemetry.NO_SPAN
         claimed = slot.taken() if slot.wait(host.warm_for) else host.warm_cooled(slot)
         if claimed is None:
             self.ended = "parked"
@@ -526,6 +529,7 @@ class Execution:
             else None
         )
         self.log.log(logging.DEBUG, "taken up warm (generation %d)", claimed.claim.generation)
+        self._begin_span()
 
     def _written(self, entries: list[journal.Entry]) -> None:
         """Note entries the store now holds, so a later pass replays them."""
@@ -560,13 +564,24 @@ class Execution:
         Returns the earliest instant the run parked until, for the worker to
         look for it again then.
         """
-        run = self.run_
         self.log.info(
             "claimed by %s (generation %d%s)",
             self.claim.worker,
             self.claim.generation,
             ", recovered" if self.claimed.recovered else "",
         )
+        self._begin_span()
+        try:
+            return self._drive()
+        except errors.StaleClaim:
+            self.ended = "stale"
+            raise
+        finally:
+            self.span.end(self.ended)
+
+    def _begin_span(self) -> None:
+        """Open the span of this claim of the run (one per claim, warm or not)."""
+        run = self.run_
         self.span = self.telemetry.run_attempt(
             telemetry.RunAttempt(
                 run.run_id,
@@ -578,13 +593,6 @@ class Execution:
                 None if self.telemetry is telemetry.NONE else telemetry.trace_of(run.input),
             )
         )
-        try:
-            return self._drive()
-        except errors.StaleClaim:
-            self.ended = "stale"
-            raise
-        finally:
-            self.span.end(self.ended)
 
     def _drive(self) -> datetime | None:
         run = self.run_

@@ -634,7 +634,9 @@ class Worker:
         return self._warm_for
 
     def warm_slot(self, execution: Execution) -> warm_api.WarmSlot | None:
-        if self._warm_cap == 0 or self._stop_event.is_set():
+        # Only a worker that serves (its claim loop hands claims over) keeps runs warm:
+        # an execution driven by hand parks the ordinary way.
+        if self._warm_cap == 0 or self._pool is None or self._stop_event.is_set():
             return None
         with self._warm_lock:
             if len(self._warm) >= self._warm_cap or execution.key in self._warm:

@@ -328,7 +328,8 @@ def test_now_random_uuid_are_stable_across_a_replay(make_app: Callable[..., perd
         ctx.sleep(timedelta(seconds=30))
         return {"before": before, "after": ctx.now().isoformat()}
 
-    with app.worker(**WORKER):
+    # warm=0: the run is replayed, not taken up warm (perdure.warm).
+    with app.worker(**WORKER, warm=0):
         handle = app.start(logical)
         wait_state(app, handle.run_id, "waiting")
         assert len(passes) == 1
@@ -1006,7 +1007,8 @@ def test_a_recorded_step_failure_is_raised_again_on_replay(
         ctx.sleep(timedelta(seconds=10))
         return [len(caught)]
 
-    with app.worker(**WORKER):
+    # warm=0: the run is replayed, not taken up warm (perdure.warm).
+    with app.worker(**WORKER, warm=0):
         handle = app.start(tolerant)
         wait_state(app, handle.run_id, "waiting")
         clock.advance(11)

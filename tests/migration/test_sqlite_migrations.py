@@ -72,6 +72,7 @@ def test_migrations_produce_schema_sql(tmp_path: Path) -> None:
         "app_owners",
         "schedules",
         "queues",
+        "tasks",
     }
     assert _objects(migrated) == expected
 
