@@ -822,13 +822,21 @@ SELECT EXISTS (
 
 -- name: prune_pick
 -- Runs of one ended state that ended before :before, oldest created first,
--- served by runs_page_state (app, state, created_at, run_id). A run ends after
--- it is created, so created_at < :before bounds the range. Locked, skipping
--- runs another transaction holds.
+-- locked, skipping runs another transaction holds. Only runs_page_state
+-- (app, state, created_at, run_id) can serve it, whatever the statistics say:
+-- state >= :state starts the walk at the state's first entry and
+-- (state, created_at) <= (:state, :before) stops it at the cutoff (a run ends
+-- after it is created, so updated_at < :before leaves out one created at the
+-- cutoff itself). Written as state = :state, the planner drops state from the
+-- order as a constant, and then runs_page (app, created_at, run_id) serves the
+-- order too: with statistics that still counted pruned runs it walked
+-- runs_page past every other run of the app. Here state stays in the order,
+-- which runs_page cannot give.
 SELECT run_id FROM perdure.runs
-WHERE app = %(app)s AND state = %(state)s
-  AND created_at < %(before)s::timestamptz AND updated_at < %(before)s::timestamptz
-ORDER BY created_at, run_id
+WHERE app = %(app)s AND state >= %(state)s
+  AND (state, created_at) <= (%(state)s, %(before)s::timestamptz)
+  AND updated_at < %(before)s::timestamptz
+ORDER BY state, created_at, run_id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
