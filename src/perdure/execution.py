@@ -510,8 +510,20 @@ class Execution:
         return self.store.outcomes(self.run_.run_id)
 
     def matches(self, claimed: port.Claimed) -> bool:
-        """Whether a claim of this run finds the journal exactly as this execution left it."""
-        return self._cursor is not None and warm.same_journal(self._cursor.entries(), claimed)
+        """Whether a claim of this run finds the journal exactly as this execution left it.
+
+        What the claim read is checked as an ordinary execution checks it; a
+        claim that fails the check is left to one, which sets the run aside.
+        """
+        if self._cursor is None or not warm.same_journal(self._cursor.entries(), claimed):
+            return False
+        run = claimed.run
+        try:
+            validation.run(run, max_failures=self.host.registry.max_failures)
+            validation.outcomes(run.run_id, claimed.outcomes, claimed.journal, [])
+        except errors.CorruptState:
+            return False
+        return True
 
     def _resume(self, claimed: port.Claimed) -> None:
         """Go on under a new claim of the run, from where its code waits."""
