@@ -132,8 +132,11 @@ def parked_retry(ctx: perdure.Context, n: int) -> list[str]:
 @app.step(effect="once")
 def blocker(n: int) -> str:
     """Say "I am inside" with a marker file, then block until released."""
-    with open(os.environ["ZOMBIE_ENTERED"], "w") as marker:
+    # Written beside and renamed into place: the test sees the file whole or not at all.
+    entered = os.environ["ZOMBIE_ENTERED"]
+    with open(entered + ".part", "w") as marker:
         marker.write(str(os.getpid()))
+    os.replace(entered + ".part", entered)
     release = os.environ["ZOMBIE_RELEASE"]
     deadline = time.monotonic() + 60
     while not os.path.exists(release):
