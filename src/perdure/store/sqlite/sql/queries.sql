@@ -150,7 +150,9 @@ due(run_id, state, due_at, created_at) AS (
     )
     UNION ALL
     SELECT * FROM (
-        SELECT run_id, state, lease_expires_at, created_at FROM runs
+        -- Named: with no statistics the planner would take the app's
+        -- workflow page index and read every run the workflow ever had.
+        SELECT run_id, state, lease_expires_at, created_at FROM runs INDEXED BY runs_running
         WHERE app = :app AND state = 'running' AND lease_expires_at <= :now
           -- A lapse counts only while the caller trusts this clock (NULL: never).
           AND :now <= :recover_until
@@ -545,7 +547,9 @@ ON CONFLICT (run_id, name) DO NOTHING
 RETURNING run_id;
 
 -- name: sweep_due_runs
-SELECT run_id FROM runs WHERE state = 'waiting' AND ready_at <= :now ORDER BY run_id;
+-- Named: to spare the sort, the planner would walk every run by its key.
+SELECT run_id FROM runs INDEXED BY runs_waiting_ready
+WHERE state = 'waiting' AND ready_at <= :now ORDER BY run_id;
 
 -- name: sweep_clamp_leases
 -- A lease is never further ahead than its TTL: after the clock stepped back,
