@@ -79,7 +79,15 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.lineage",
         },
     },
-    {"context": {"perdure.context", "perdure.select"}},
+    {
+        "context": {
+            "perdure.context",
+            "perdure.runtime",
+            "perdure.children",
+            "perdure.livecontext",
+            "perdure.select",
+        }
+    },
     {"registry": {"perdure.registry"}},
     {
         "execution": {"perdure.execution", "perdure.tasks", "perdure.warm"},
