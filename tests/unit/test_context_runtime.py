@@ -13,6 +13,8 @@ import pytest
 
 import perdure
 from perdure import (
+    attempts,
+    bodyshape,
     children,
     codec,
     context,
@@ -351,7 +353,19 @@ def test_an_unreadable_body_needs_attention() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", [context, children, livecontext, runtime_protocol, steps, replay, journal, execution]
+    "module",
+    [
+        context,
+        children,
+        livecontext,
+        runtime_protocol,
+        steps,
+        replay,
+        journal,
+        attempts,
+        bodyshape,
+        execution,
+    ],
 )
 def test_the_workflow_layers_import_no_store_and_no_worker(module: Any) -> None:
     """context (and its parts) and steps never see the store; the others see only its port."""
@@ -411,7 +425,9 @@ def _allowed(module: Any) -> set[str]:
         },
         runtime_protocol: {"chains", "journal", "live", "steps"},
         replay: {"effects", "errors", "validation"},
-        journal: {"codec"},
+        journal: {"attempts", "bodyshape", "codec"},
+        attempts: {"bodyshape", "codec"},
+        bodyshape: {"codec"},
         execution: {
             "warm",
             "appplans",

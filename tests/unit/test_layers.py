@@ -57,6 +57,8 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.fernet",
             "perdure.effects",
             "perdure.journal",
+            "perdure.bodyshape",
+            "perdure.attempts",
             "perdure.live",
             "perdure.validation",
             "perdure.replay",
