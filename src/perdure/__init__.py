@@ -1,8 +1,9 @@
 """perdure: durable execution for plain Python, embedded on SQLite or shared on PostgreSQL."""
 
 from perdure.app import App
+from perdure.children import ChildHandle
 from perdure.client import Client, RunHandle
-from perdure.context import ChildHandle, Context, idempotency_key
+from perdure.context import Context, idempotency_key
 from perdure.effects import Retry
 from perdure.errors import (
     AppNotFound,

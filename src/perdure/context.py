@@ -9,8 +9,9 @@ the next durable write, so a step costs one commit; nothing outside the run
 can observe a buffered value before it is stored.
 
 The context holds no store: everything it reads or writes goes through its
-:class:`Runtime`, which the worker's execution implements (and a test can
-fake in memory).
+:class:`Runtime` (:mod:`perdure.runtime`), which the worker's execution
+implements (and a test can fake in memory). Its base classes hold the calls
+on child runs (:mod:`perdure.children`) and on live runs (:mod:`perdure.livecontext`).
 """
 
 from __future__ import annotations
@@ -19,20 +20,21 @@ import contextvars
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 from perdure import (
     chains,
+    children,
     codec,
     dryrun,
     errors,
     journal,
-    live,
+    livecontext,
     ready,
     records,
     replay,
+    runtime,
     select,
     signals,
     steps,
@@ -55,106 +57,9 @@ def current() -> Context | None:
 # Defined with the step machinery, which parks a run for a long retry backoff.
 Parked = steps.Parked
 
-
-@dataclass(frozen=True)
-class NewChild:
-    """A child run to create; ``key`` (scoped to the parent) makes creation idempotent."""
-
-    workflow: str
-    version: str
-    input: str
-    key: str
-
-
-class Runtime(steps.Runtime, Protocol):
-    """What the worker supplies to a running context (beyond what steps need)."""
-
-    def acknowledge_cancel(self) -> None:
-        """Let clean-up writes through now that workflow code was told of the cancel."""
-
-    def hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> bool:
-        """Park the run here, in place, instead of unwinding its code.
-
-        Returns True when the caller should look at its wait again: the park
-        found the wait already met, or the run was parked and then taken up
-        again by this worker (see :mod:`perdure.warm`). Returns False when the
-        run must be parked the ordinary way (raise :class:`Parked`). May
-        raise to unwind a run that was parked here and not taken up again.
-        """
-
-    def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
-        """Return (name, version, return hint) of a registered workflow or its name."""
-
-    def child_call(
-        self, workflow: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[str | None, dict[str, Any]]:
-        """Check a child's arguments as ``app.start`` does; return its key and keyword arguments.
-
-        ``key=`` goes to a workflow that has a parameter named ``key``; the
-        run key then comes from ``workflow.keyed(...)``.
-        """
-
-    def successor(
-        self, version: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> chains.Handover:
-        """Check a successor's arguments as ``app.start`` does; return what it starts with."""
-
-    def now(self) -> datetime:
-        """Return the store's current time."""
-
-    def buffer(self, entry: journal.Entry, mark: journal.Mark | None = None) -> None:
-        """Keep ``entry`` (and ``mark``) for the next durable write."""
-
-    def outcome(self, name: str) -> journal.Outcome | None:
-        """Return the outcome record of the wait ``name``, if it has one."""
-
-    def settle_timeout(self, name: str) -> journal.Outcome:
-        """Settle the wait ``name`` as timed out now; return the outcome that won."""
-
-    def next_message(self, channel: str, after_sequence: int) -> journal.Message | None:
-        """Return the first message on ``channel`` after ``after_sequence``."""
-
-    def create_children(self, children: list[NewChild]) -> list[str]:
-        """Create the child runs (fenced, in one write); return their run ids in order."""
-
-    def next_update(self, name: str, after_sequence: int) -> live.UpdateReceived | None:
-        """Return the first update named ``name`` after ``after_sequence``."""
-
-    def answer_update(self, entry: journal.Entry, update_id: str, response: str) -> None:
-        """Write ``entry`` (with what is buffered) and the update's answer, in one write."""
-
-    def record_live(self, entry: journal.Entry) -> None:
-        """Write ``entry`` (with what is buffered) now, for outside readers to see."""
-
-
-@dataclass
-class ChildHandle:
-    """A child run started by a workflow."""
-
-    run_id: str
-    _ctx: Context
-    _hint: Any = None
-
-    def result(self) -> Any:
-        """Pause the parent until the child ends; return its result.
-
-        In an async workflow, ``value = await handle.result()``.
-
-        Raises:
-            errors.ChildFailed: the child failed or was canceled.
-        """
-        return self._ctx._give(self._ctx._child_result(self.run_id, self._hint))
-
-
-def _item_arguments(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Return the arguments one ``ctx.map`` item stands for (see :meth:`Context.map`)."""
-    if isinstance(item, tuple):
-        return item, {}
-    if isinstance(item, dict):
-        if not all(isinstance(name, str) for name in item):
-            raise errors.InvalidInput("a ctx.map item that is a dict needs parameter names as keys")
-        return (), dict(item)
-    return (item,), {}
+# What the worker supplies to a context, declared apart (see perdure.runtime).
+Runtime = runtime.Runtime
+NewChild = runtime.NewChild
 
 
 def _as_delta(d: timedelta | float) -> timedelta:
@@ -164,23 +69,10 @@ def _as_delta(d: timedelta | float) -> timedelta:
     return delta
 
 
-def _instant(text: str | None) -> datetime:
-    return journal.Instant.decode(text).value
-
-
 _Recorded = type[journal.Instant] | type[journal.Random] | type[journal.Uuid]
 
 
-@dataclass
-class _LiveState:
-    """What one pass over the code has done so far with updates and streams."""
-
-    updates: dict[str, int] = field(default_factory=dict)  # name -> last sequence consumed
-    answered: set[str] = field(default_factory=set)
-    closed: set[str] = field(default_factory=set)
-
-
-class Context:
+class Context(livecontext.LiveContext, children.Children):
     """The handle a workflow function receives as its first argument."""
 
     def __init__(
@@ -202,13 +94,13 @@ class Context:
         self._runtime = runtime
         self._cursor = cursor
         self._consumed: dict[str, int] = {}
-        self._live = _LiveState()
+        self._live = livecontext.LiveState()
 
     def restart(self) -> None:
         """Prepare to run the code again from the top (after a park that did not happen)."""
         self._cursor.rewind()
         self._consumed.clear()
-        self._live = _LiveState()
+        self._live = livecontext.LiveState()
 
     def bind(self) -> contextvars.Token[Context | None]:
         return _CURRENT.set(self)
@@ -285,7 +177,7 @@ class Context:
             until = journal.Instant(self._runtime.now() + delta).encode()
             entry = journal.Entry(self._cursor.position, "sleep", key, "ok", until)
             self._runtime.buffer(entry)
-        due: datetime = self._read(entry, _instant)
+        due: datetime = self._read(entry, lambda text: journal.Instant.decode(text).value)
         while self._runtime.now() < due:
             self._hold([], due)
         return ready.Ready(None)
@@ -393,87 +285,6 @@ class Context:
         """
         return select.first(self, sources, timeout)
 
-    # -- child runs -------------------------------------------------------------
-
-    def _child_id(self, entry: journal.Entry) -> str:
-        started: journal.ChildStarted = self._read(entry, journal.ChildStarted.decode)
-        return started.run_id
-
-    def start_child(
-        self, workflow: Any, *args: Any, key: str | None = None, **kwargs: Any
-    ) -> ChildHandle:
-        """Start a child run once (per journal position, or per ``key``) and return its handle.
-
-        The arguments are checked against the child's signature here, as
-        ``app.start`` checks them. Give the key as ``workflow.keyed(key)``
-        when the child has a parameter named ``key``.
-        """
-        name, version, hint = self._runtime.workflow_ref(workflow)
-        entry = self._next(replay.Call("child", name))
-        if entry is not None:
-            return ChildHandle(self._child_id(entry), self, hint)
-        key, kwargs = self._runtime.child_call(workflow, key, args, kwargs)
-        if key is not None:
-            codec.check_text("a child key", key)
-        # A caller's key is scoped to this parent, so two parents never share a child.
-        child_key = f"{self.run_id}/{key or self._cursor.position}"
-        text = self._runtime.payloads.seal(
-            {"args": list(args), "kwargs": kwargs}, f"the input of child {name}", envelope=2
-        )
-        [run_id] = self._runtime.create_children([NewChild(name, version, text, child_key)])
-        self._record("child", name, journal.ChildStarted(run_id).encode())
-        return ChildHandle(run_id, self, hint)
-
-    def map(self, workflow: Any, items: Any) -> list[ChildHandle]:
-        """Start one child run per item in a single store call.
-
-        An item that is a tuple is the child's positional arguments
-        (``workflow(*item)``), a dict its keyword arguments
-        (``workflow(**item)``), anything else its one argument
-        (``workflow(item)``); to pass one tuple or dict as the only argument,
-        wrap it: ``(value,)``. Every item is checked against the child's
-        signature before any child is created. Each child takes one journal
-        position, so a replayed fan-out creates nothing twice. Collect
-        results with ``[h.result() for h in handles]``: the parent pauses on
-        the first child still running.
-        """
-        name, version, hint = self._runtime.workflow_ref(workflow)
-        run_ids: list[str] = []
-        fresh: list[tuple[int, int, NewChild]] = []  # (index, position, child)
-        for item in list(items):
-            entry = self._next(replay.Call("child", name))
-            if entry is not None:
-                run_ids.append(self._child_id(entry))
-                continue
-            position = self._cursor.position
-            args, kwargs = _item_arguments(item)
-            _, kwargs = self._runtime.child_call(workflow, None, args, kwargs)
-            text = self._runtime.payloads.seal(
-                {"args": list(args), "kwargs": kwargs}, f"the input of child {name}", envelope=2
-            )
-            child = NewChild(name, version, text, f"{self.run_id}/{position}")
-            fresh.append((len(run_ids), position, child))
-            run_ids.append(child.key)
-        if fresh:
-            created = self._runtime.create_children([child for _, _, child in fresh])
-            for (index, position, _), run_id in zip(fresh, created, strict=True):
-                run_ids[index] = run_id
-                body = journal.ChildStarted(run_id).encode()
-                self._runtime.buffer(journal.Entry(position, "child", name, "ok", body))
-        return [ChildHandle(run_id, self, hint) for run_id in run_ids]
-
-    def _child_result(self, child_id: str, hint: Any) -> Any:
-        entry = self._next(replay.Call("child_result", child_id))
-        if entry is None:
-            while (outcome := self._runtime.outcome(f"child:{child_id}")) is None:
-                self._hold([journal.WaitSpec(f"child:{child_id}", "child")], None)
-            entry, mark = journal.child_result(self._cursor.position, child_id, outcome)
-            self._runtime.buffer(entry, mark)
-        if entry.status == "ok":
-            return codec.convert(self._opened(journal.Value.decode(entry.output).value), hint)
-        ended = journal.ChildEnded.decode(entry.error or "{}")
-        raise errors.ChildFailed(child_id, str(ended.state), ended.child_error)
-
     # -- steps ------------------------------------------------------------------
 
     def _step_call(self, fn: Callable[..., Any]) -> steps.StepCall:
@@ -514,100 +325,6 @@ class Context:
         if self.dry_run:
             return self._described(fn, args, kwargs)
         return steps.run_transaction(self._step_call(fn), fn, args, kwargs)
-
-    # -- talking to the outside world -----------------------------------------------
-
-    def next_update(
-        self, name: str, timeout: timedelta | float | None = None, *, type: Any = None
-    ) -> records.Update:
-        """Return the oldest update named ``name`` this run has not consumed yet.
-
-        Pauses the run until one arrives. Answer it with :meth:`respond`; a run
-        that ends first leaves its sender with ``UpdateAbandoned``.
-
-        Raises:
-            errors.WaitTimedOut: no update arrived before the timeout.
-        """
-        if not name or "/" in name:
-            raise errors.InvalidInput(f"update name {name!r} must be non-empty, without '/'")
-        after = self._live.updates.get(name, 0)
-        done, deadline = self._open("update", name, timeout)
-        while done is None:
-            found = self._runtime.next_update(name, after)
-            position = self._cursor.position
-            if found is not None:
-                done = journal.Entry(position, "update", name, "ok", found.encode())
-                mark = journal.Mark("outcome_applied", name, codec.digest(found.encode()))
-                self._runtime.buffer(done, mark)
-            elif deadline is not None and self._runtime.now() >= deadline:
-                error = journal.ReceiveTimedOut("wait_timeout", f"no update {name!r} arrived")
-                done = journal.Entry(position, "update", name, "error", error=error.encode())
-                self._runtime.buffer(done)
-            else:
-                self._hold([journal.WaitSpec(name, "update", deadline, after)], None)
-        if done.status != "ok":
-            raise errors.WaitTimedOut(f"no update {name!r} arrived before the timeout")
-        body: live.UpdateReceived = self._read(done, live.UpdateReceived.decode)
-        self._live.updates[name] = body.sequence
-        return records.Update(body.update_id, name, codec.convert(self._opened(body.payload), type))
-
-    def respond(self, update: records.Update, value: Any = None) -> None:
-        """Answer ``update`` with ``value``: journaled, and returned to its sender.
-
-        Raises:
-            errors.InvalidInput: this run already answered that update.
-        """
-        if update.update_id in self._live.answered:
-            raise errors.InvalidInput(f"update {update.update_id!r} was already answered")
-        entry = self._next(replay.Call("respond", update.name))
-        if entry is None:
-            text = self._runtime.payloads.seal(value, "the update's response")
-            body = live.Responded(update.update_id, codec.decode(text)).encode()
-            entry = journal.Entry(self._cursor.position, "respond", update.name, "ok", body)
-            self._runtime.answer_update(entry, update.update_id, text)
-        else:
-            recorded: live.Responded = self._read(entry, live.Responded.decode)
-            if recorded.update_id != update.update_id:
-                message = (
-                    f"run {self.run_id} position {self._cursor.position}: journal answered "
-                    f"update {recorded.update_id!r}, code now answers {update.update_id!r}"
-                )
-                raise steps.Halt("needs_attention", steps.error_dict("non_determinism", message))
-        self._live.answered.add(update.update_id)
-
-    def _publish(self, kind: str, key: str, body: Any) -> None:
-        """Write an entry outside readers follow, now (replay writes nothing)."""
-        if not key or "/" in key:
-            raise errors.InvalidInput(f"a {kind} key {key!r} must be non-empty, without '/'")
-        entry = self._next(replay.Call(kind, key))
-        if entry is None:
-            text = body.encode()
-            self._runtime.record_live(journal.Entry(self._cursor.position, kind, key, "ok", text))
-
-    def _sized(self, value: Any, what: str) -> Any:
-        """Return ``value`` as it is recorded (sealed), refusing one over the payload limit."""
-        return self._runtime.payloads.sealed_value(value, what)
-
-    def set_event(self, key: str, value: Any) -> None:
-        """Set event ``key`` to ``value`` (durable; readers see the latest value per key)."""
-        self._publish("event", key, live.EventSet(self._sized(value, f"event {key!r}")))
-
-    def write_stream(self, key: str, value: Any) -> None:
-        """Append ``value`` to stream ``key`` (readers see every item, in order, once).
-
-        Raises:
-            errors.InvalidInput: the stream was closed.
-        """
-        if key in self._live.closed:
-            raise errors.InvalidInput(f"stream {key!r} is closed")
-        self._publish("stream", key, live.StreamItem(self._sized(value, f"an item of {key!r}")))
-
-    def close_stream(self, key: str) -> None:
-        """Close stream ``key``: its readers stop after the last item. Closing twice is a no-op."""
-        if key in self._live.closed:
-            return
-        self._publish("stream_close", key, live.StreamClosed())
-        self._live.closed.add(key)
 
     # -- continuing as new ------------------------------------------------------
 

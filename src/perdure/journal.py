@@ -33,13 +33,13 @@ shape::
 The kinds of talking to live runs (``update``, ``respond``, ``event``,
 ``stream``, ``stream_close``) have their bodies in :mod:`perdure.live`.
 
-``attempts`` lists the step's failed attempts so far, oldest first, each a
-:class:`FailedAttempt` ``{attempt, code, type, message, traceback, duration}``;
-journals written before it was kept have none, read as an empty list.
+The ``step`` bodies, and the failed attempts they keep (``attempts``), are
+in :mod:`perdure.attempts` and named here too.
 
 A decoder refuses a body of another shape with :class:`Unreadable` (a
 ``ValueError``; text that is not JSON raises ``errors.InvalidPayload``, also
-one): the caller decides whether that is corruption or an older shape.
+one): the caller decides whether that is corruption or an older shape. The
+shape checks the decoders share are in :mod:`perdure.bodyshape`.
 
 The store's records that the engine layers above speak (entries, marks,
 outcomes, messages, waits) are named here too, so that the context and the
@@ -48,14 +48,12 @@ step machinery never import the store.
 
 from __future__ import annotations
 
-import os
-import traceback
 import uuid as _uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeAlias
 
-from perdure import codec
+from perdure import attempts, bodyshape, codec
 from perdure.store import port
 
 Entry: TypeAlias = port.JournalEntry
@@ -65,48 +63,19 @@ Outcome: TypeAlias = port.Outcome
 Message: TypeAlias = port.Message
 WaitSpec: TypeAlias = port.WaitSpec
 
+# The error every decoder raises (defined with the shape checks, bodyshape.py).
+Unreadable = bodyshape.Unreadable
 
-class Unreadable(ValueError):
-    """A journal body that is not of the shape its kind is written in."""
-
-
-def _object(text: str | None) -> dict[str, Any]:
-    data = codec.decode(text or "null")
-    if not isinstance(data, dict):
-        raise Unreadable(f"expected an object, found {type(data).__name__}")
-    return data
-
-
-def _field(data: dict[str, Any], name: str) -> Any:
-    try:
-        return data[name]
-    except KeyError:
-        raise Unreadable(f"no {name!r}") from None
-
-
-def _text(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise Unreadable(f"{name!r} is not text")
-    return value
-
-
-def _optional_text(value: Any, name: str) -> str | None:
-    return None if value is None else _text(value, name)
-
-
-def instant(value: Any) -> datetime:
-    """Read a journaled instant: ISO 8601 text with a time zone."""
-    try:
-        when = datetime.fromisoformat(_text(value, "instant"))
-    except ValueError as exc:
-        raise Unreadable(str(exc)) from exc
-    if when.tzinfo is None:
-        raise Unreadable(f"{value!r} has no time zone")
-    return when
-
-
-def _optional_instant(value: Any) -> datetime | None:
-    return None if value is None else instant(value)
+# A step's bodies and the failed attempts they keep (attempts.py), named here too.
+FailedAttempt = attempts.FailedAttempt
+Attempts = attempts.Attempts
+StepError = attempts.StepError
+AttemptFailed = attempts.AttemptFailed
+failed_attempts = attempts.failed_attempts
+retry_due = attempts.retry_due
+unsettled = attempts.unsettled
+MESSAGE_LIMIT = attempts.MESSAGE_LIMIT
+TRACEBACK_LIMIT = attempts.TRACEBACK_LIMIT
 
 
 # -- values ----------------------------------------------------------------------
@@ -137,7 +106,7 @@ class Instant:
 
     @classmethod
     def decode(cls, text: str | None) -> Instant:
-        return cls(instant(codec.decode(text or "null")))
+        return cls(bodyshape.instant(codec.decode(text or "null")))
 
 
 @dataclass(frozen=True)
@@ -168,226 +137,7 @@ class Uuid:
 
     @classmethod
     def decode(cls, text: str | None) -> Uuid:
-        return cls(_uuid.UUID(_text(codec.decode(text or "null"), "uuid")))
-
-
-# -- steps -----------------------------------------------------------------------
-
-# A failed attempt's record is bounded, so a step that fails with a huge
-# message or a deep stack cannot bloat its journal entry.
-MESSAGE_LIMIT = 1000
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-TRACEBACK_LIMIT = 2000
-TRACEBACK_FRAMES = 6
-
-
-def _bounded(text: str, limit: int, *, keep_tail: bool = False) -> str:
-    if len(text) <= limit:
-        return text
-    return "..." + text[-(limit - 3) :] if keep_tail else text[: limit - 3] + "..."
-
-
-def traceback_summary(exc: BaseException) -> str:
-    """Return the innermost frames of ``exc``'s traceback and its last line, bounded."""
-    every = traceback.extract_tb(exc.__traceback__)
-    # The engine's own frames (the attempt loop, step wrappers) say nothing
-    # about the failure; they are kept only when nothing else is left.
-    theirs = [f for f in every if not f.filename.startswith(_PACKAGE)] or every
-    frames = theirs[-TRACEBACK_FRAMES:]
-    # Each line is bounded too, so a huge message cannot push the frames out.
-    lines = [_bounded(f"{f.filename}:{f.lineno} in {f.name}", 200, keep_tail=True) for f in frames]
-    lines.append(_bounded(traceback.format_exception_only(exc)[-1].strip(), 500))
-    return _bounded("\n".join(lines), TRACEBACK_LIMIT, keep_tail=True)
-
-
-@dataclass(frozen=True)
-class FailedAttempt:
-    """One attempt of a step that raised: what it raised, where, and how long it ran."""
-
-    attempt: int
-    code: str
-    type: str
-    message: str
-    traceback: str | None = None
-    duration: float | None = None
-
-    @classmethod
-    def of(cls, attempt: int, exc: BaseException, duration: float | None) -> FailedAttempt:
-        code = getattr(exc, "code", None)
-        return cls(
-            attempt,
-            code if isinstance(code, str) else "step_failed",
-            type(exc).__name__,
-            _bounded(str(exc), MESSAGE_LIMIT),
-            traceback_summary(exc),
-            None if duration is None else round(duration, 6),
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "attempt": self.attempt,
-            "code": self.code,
-            "type": self.type,
-            "message": self.message,
-            "traceback": self.traceback,
-            "duration": self.duration,
-        }
-
-    @classmethod
-    def read(cls, data: Any) -> FailedAttempt:
-        if not isinstance(data, dict):
-            raise Unreadable("a failed attempt is not an object")
-        attempt = _field(data, "attempt")
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-            raise Unreadable("a failed attempt's 'attempt' is not a positive integer")
-        duration = data.get("duration")
-        if duration is not None and (
-            isinstance(duration, bool) or not isinstance(duration, int | float) or duration < 0
-        ):
-            raise Unreadable("a failed attempt's 'duration' is not a non-negative number")
-        return cls(
-            attempt,
-            _text(_field(data, "code"), "code"),
-            _text(_field(data, "type"), "type"),
-            _text(_field(data, "message"), "message"),
-            _optional_text(data.get("traceback"), "traceback"),
-            None if duration is None else float(duration),
-        )
-
-
-def _attempts(data: dict[str, Any]) -> tuple[FailedAttempt, ...]:
-    found = data.get("attempts", [])
-    if not isinstance(found, list):
-        raise Unreadable("'attempts' is not a list")
-    return tuple(FailedAttempt.read(item) for item in found)
-
-
-def _attempts_list(attempts: tuple[FailedAttempt, ...]) -> list[dict[str, Any]]:
-    return [a.as_dict() for a in attempts]
-
-
-@dataclass(frozen=True)
-class Attempts:
-    """The failed attempts before a step's recorded outcome, or before the one in flight."""
-
-    attempts: tuple[FailedAttempt, ...]
-
-    def encode(self) -> str | None:
-        """Return the body, or None when no attempt failed (the column stays empty)."""
-        if not self.attempts:
-            return None
-        return codec.encode({"attempts": _attempts_list(self.attempts)})
-
-    @classmethod
-    def decode(cls, text: str | None) -> Attempts:
-        return cls(_attempts(_object(text)) if text is not None else ())
-
-
-@dataclass(frozen=True)
-class StepError:
-    """The error of a step that failed for good (or was canceled before its outcome).
-
-    ``attempts`` holds every failed attempt, the last one included.
-    """
-
-    type: str
-    message: str
-    code: str = "step_failed"
-    attempts: tuple[FailedAttempt, ...] = ()
-
-    def encode(self) -> str:
-        body: dict[str, Any] = {"type": self.type, "message": self.message, "code": self.code}
-        if self.attempts:
-            body["attempts"] = _attempts_list(self.attempts)
-        return codec.encode(body)
-
-    @classmethod
-    def decode(cls, text: str | None) -> StepError:
-        data = _object(text)
-        return cls(
-            str(data.get("type")), str(data.get("message")), str(data.get("code")), _attempts(data)
-        )
-
-
-@dataclass(frozen=True)
-class AttemptFailed:
-    """The error of a ``started`` step whose last attempt certainly did not happen.
-
-    The attempt raised (for a ``once`` step: ``EffectFailed``) and a retry is
-    due: the position is not an unsettled effect. ``attempts`` holds every
-    failed attempt so far, this one included.
-    """
-
-    type: str
-    message: str
-    attempts: tuple[FailedAttempt, ...] = ()
-    # Set when the backoff parks the run: the next attempt is not due before it.
-    retry_at: datetime | None = None
-
-    def encode(self) -> str:
-        body: dict[str, Any] = {"code": "effect_failed", "type": self.type, "message": self.message}
-        if self.attempts:
-            body["attempts"] = _attempts_list(self.attempts)
-        if self.retry_at is not None:
-            body["retry_at"] = self.retry_at.isoformat()
-        return codec.encode(body)
-
-    @classmethod
-    def decode(cls, text: str | None) -> AttemptFailed | None:
-        """Return the failed attempt, or None for an error of another kind.
-
-        Raises:
-            ValueError: ``retry_at`` is not an aware instant.
-        """
-        data = codec.decode(text or "null")
-        if not isinstance(data, dict) or data.get("code") != "effect_failed":
-            return None
-        due = data.get("retry_at")
-        return cls(
-            str(data.get("type")),
-            str(data.get("message")),
-            _attempts(data),
-            None if due is None else instant(due),
-        )
-
-
-def failed_attempts(entry: Entry) -> tuple[FailedAttempt, ...]:
-    """Return a ``step`` entry's failed attempts, oldest first (none for other kinds).
-
-    An entry written before attempts were kept yields its one known failure
-    (a retry-due attempt, or a step's final error), without traceback or
-    duration.
-
-    Raises:
-        Unreadable: the body is not of the shape this code writes.
-    """
-    if entry.kind != "step" or entry.error is None:
-        return ()
-    data = _object(entry.error)
-    found = _attempts(data)
-    if found:
-        return found
-    code, kind = data.get("code"), str(data.get("type"))
-    older = (entry.status == "started" and code == "effect_failed") or (
-        entry.status == "error" and code == "step_failed" and kind != "Resolved"
-    )
-    if older:
-        return (FailedAttempt(entry.attempt, str(code), kind, str(data.get("message"))),)
-    return ()
-
-
-def retry_due(entry: Entry) -> bool:
-    """Whether a ``started`` entry records an attempt whose effect certainly failed."""
-    if entry.status != "started" or entry.error is None:
-        return False
-    # Only the code decides; the attempts it keeps are read (and checked) apart.
-    data = codec.decode(entry.error)
-    return isinstance(data, dict) and data.get("code") == "effect_failed"
-
-
-def unsettled(entry: Entry) -> bool:
-    """Whether the entry is a ``once`` effect that may have escaped without a record."""
-    return entry.kind == "step" and entry.status == "started" and not retry_due(entry)
+        return cls(_uuid.UUID(bodyshape.text(codec.decode(text or "null"), "uuid")))
 
 
 # -- waits and receives ----------------------------------------------------------
@@ -404,7 +154,8 @@ class Opened:
 
     @classmethod
     def decode(cls, text: str | None) -> Opened:
-        return cls(_optional_instant(_field(_object(text), "deadline")))
+        deadline = bodyshape.field(bodyshape.read_object(text), "deadline")
+        return cls(bodyshape.optional_instant(deadline))
 
 
 @dataclass(frozen=True)
@@ -438,12 +189,12 @@ class Signaled:
 
     @classmethod
     def decode(cls, text: str | None) -> Signaled:
-        data = _object(text)
+        data = bodyshape.read_object(text)
         return cls(
-            _field(data, "payload"),
-            _optional_text(data.get("signal_id"), "signal_id"),
-            instant(_field(data, "at")),
-            _optional_text(data.get("digest"), "digest"),
+            bodyshape.field(data, "payload"),
+            bodyshape.optional_text(data.get("signal_id"), "signal_id"),
+            bodyshape.instant(bodyshape.field(data, "at")),
+            bodyshape.optional_text(data.get("digest"), "digest"),
         )
 
 
@@ -473,12 +224,12 @@ class WaitEnded:
 
     @classmethod
     def decode(cls, text: str | None) -> WaitEnded:
-        data = _object(text)
+        data = bodyshape.read_object(text)
         return cls(
             str(data.get("code")),
             str(data.get("message")),
             str(data.get("outcome", "timed_out")),
-            instant(_field(data, "at")),
+            bodyshape.instant(bodyshape.field(data, "at")),
         )
 
 
@@ -510,11 +261,11 @@ class Received:
 
     @classmethod
     def decode(cls, text: str | None) -> Received:
-        data = _object(text)
-        sequence = _field(data, "sequence")
+        data = bodyshape.read_object(text)
+        sequence = bodyshape.field(data, "sequence")
         if isinstance(sequence, bool) or not isinstance(sequence, int):
             raise Unreadable("'sequence' is not an integer")
-        return cls(str(_field(data, "key")), _field(data, "payload"), sequence)
+        return cls(str(bodyshape.field(data, "key")), bodyshape.field(data, "payload"), sequence)
 
 
 @dataclass(frozen=True)
@@ -533,7 +284,7 @@ class ReceiveTimedOut:
 
     @classmethod
     def decode(cls, text: str | None) -> ReceiveTimedOut:
-        data = _object(text)
+        data = bodyshape.read_object(text)
         return cls(str(data.get("code")), str(data.get("message")))
 
 
@@ -551,7 +302,7 @@ class ChildStarted:
 
     @classmethod
     def decode(cls, text: str | None) -> ChildStarted:
-        return cls(_text(_field(_object(text), "run_id"), "run_id"))
+        return cls(bodyshape.text(bodyshape.field(bodyshape.read_object(text), "run_id"), "run_id"))
 
 
 @dataclass(frozen=True)
@@ -564,7 +315,7 @@ class ChildOutcome:
 
     @classmethod
     def decode(cls, text: str | None) -> ChildOutcome:
-        data = _object(text or "{}")
+        data = bodyshape.read_object(text or "{}")
         state = data.get("state")
         return cls(None if state is None else str(state), data.get("result"), data.get("error"))
 
@@ -600,7 +351,7 @@ class ChildEnded:
 
     @classmethod
     def decode(cls, text: str | None) -> ChildEnded:
-        data = _object(text)
+        data = bodyshape.read_object(text)
         state = data.get("state")
         return cls(
             str(data.get("code")),
@@ -646,12 +397,13 @@ class FirstOpened:
 
     @classmethod
     def decode(cls, text: str | None) -> FirstOpened:
-        data = _object(text)
-        found = _field(data, "deadlines")
+        data = bodyshape.read_object(text)
+        found = bodyshape.field(data, "deadlines")
         if not isinstance(found, list):
             raise Unreadable("'deadlines' is not a list")
         return cls(
-            tuple(_optional_instant(d) for d in found), _optional_instant(data.get("timeout"))
+            tuple(bodyshape.optional_instant(d) for d in found),
+            bodyshape.optional_instant(data.get("timeout")),
         )
 
 
@@ -660,7 +412,7 @@ FIRST_KINDS = ("signal", "message", "update", "child", "timer")
 
 
 def _index(data: dict[str, Any]) -> int:
-    index = _field(data, "index")
+    index = bodyshape.field(data, "index")
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise Unreadable("'index' is not a non-negative integer")
     return index
@@ -689,11 +441,11 @@ class FirstFired:
 
     @classmethod
     def decode(cls, text: str | None) -> FirstFired:
-        data = _object(text)
-        kind = _text(_field(data, "kind"), "kind")
+        data = bodyshape.read_object(text)
+        kind = bodyshape.text(bodyshape.field(data, "kind"), "kind")
         if kind not in FIRST_KINDS:
             raise Unreadable(f"unknown source kind {kind!r}")
-        name = _optional_text(data.get("name"), "name")
+        name = bodyshape.optional_text(data.get("name"), "name")
         if (name is None) != (kind == "timer"):
             raise Unreadable(f"a {kind} source {'needs' if name is None else 'has no'} name")
         value = data.get("value")
@@ -733,10 +485,10 @@ class FirstEnded:
 
     @classmethod
     def decode(cls, text: str | None) -> FirstEnded:
-        data = _object(text)
-        code = _text(_field(data, "code"), "code")
+        data = bodyshape.read_object(text)
+        code = bodyshape.text(bodyshape.field(data, "code"), "code")
         if code not in ("wait_timeout", "canceled"):
             raise Unreadable(f"unknown end {code!r}")
         index = None if data.get("index") is None else _index(data)
-        name = _optional_text(data.get("name"), "name")
-        return cls(code, _text(_field(data, "message"), "message"), index, name)
+        name = bodyshape.optional_text(data.get("name"), "name")
+        return cls(code, bodyshape.text(bodyshape.field(data, "message"), "message"), index, name)

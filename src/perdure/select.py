@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from perdure import codec, errors, journal, live, records, replay, signals, steps
 
 if TYPE_CHECKING:
-    from perdure import context
+    from perdure import children, context
 
 
 def _duration(d: timedelta | float, what: str) -> timedelta:
@@ -169,7 +169,7 @@ def update(name: str, *, type: Any = None) -> UpdateSource:
     return UpdateSource(name, type)
 
 
-def child(handle: context.ChildHandle) -> ChildSource:
+def child(handle: children.ChildHandle) -> ChildSource:
     """Return the source that fires when the child run of ``handle`` ends; its value is the result.
 
     A child that failed or was canceled makes ``first`` raise

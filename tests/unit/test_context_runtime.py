@@ -13,17 +13,22 @@ import pytest
 
 import perdure
 from perdure import (
+    attempts,
+    bodyshape,
+    children,
     codec,
     context,
     effects,
     errors,
     execution,
     journal,
+    livecontext,
     payloads,
     replay,
     steps,
     telemetry,
 )
+from perdure import runtime as runtime_protocol  # tests name their fake runtimes "runtime"
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -347,9 +352,23 @@ def test_an_unreadable_body_needs_attention() -> None:
     assert halted.value.error["invariant"] == "journal_output_shape"
 
 
-@pytest.mark.parametrize("module", [context, steps, replay, journal, execution])
+@pytest.mark.parametrize(
+    "module",
+    [
+        context,
+        children,
+        livecontext,
+        runtime_protocol,
+        steps,
+        replay,
+        journal,
+        attempts,
+        bodyshape,
+        execution,
+    ],
+)
 def test_the_workflow_layers_import_no_store_and_no_worker(module: Any) -> None:
-    """context and steps never see the store; the others see only its port."""
+    """context (and its parts) and steps never see the store; the others see only its port."""
     tree = ast.parse(inspect.getsource(module))
     imported: set[str] = set()
     for node in ast.walk(tree):
@@ -360,7 +379,7 @@ def test_the_workflow_layers_import_no_store_and_no_worker(module: Any) -> None:
     engine = {name for name in imported if name.startswith("perdure")}
     above = ("worker", "client", "app") + (() if module is execution else ("execution",))
     assert not {n for n in engine if n.split(".")[1] in above}
-    if module in (context, steps):
+    if module in (context, children, livecontext, runtime_protocol, steps):
         assert not {n for n in engine if n.startswith("perdure.store")}
     if module is steps:
         assert "perdure.context" not in engine
@@ -379,20 +398,36 @@ def _allowed(module: Any) -> set[str]:
     return {
         context: {
             "chains",
+            "children",
             "codec",
             "dryrun",
             "errors",
             "journal",
-            "live",
+            "livecontext",
             "ready",
             "records",
             "replay",
+            "runtime",
             "select",
             "signals",
             "steps",
         },
+        children: {"codec", "errors", "journal", "replay", "runtime"},
+        livecontext: {
+            "codec",
+            "errors",
+            "journal",
+            "live",
+            "records",
+            "replay",
+            "runtime",
+            "steps",
+        },
+        runtime_protocol: {"chains", "journal", "live", "steps"},
         replay: {"effects", "errors", "validation"},
-        journal: {"codec"},
+        journal: {"attempts", "bodyshape", "codec"},
+        attempts: {"bodyshape", "codec"},
+        bodyshape: {"codec"},
         execution: {
             "warm",
             "appplans",

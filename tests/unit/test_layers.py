@@ -57,6 +57,8 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.fernet",
             "perdure.effects",
             "perdure.journal",
+            "perdure.bodyshape",
+            "perdure.attempts",
             "perdure.live",
             "perdure.validation",
             "perdure.replay",
@@ -79,7 +81,15 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.lineage",
         },
     },
-    {"context": {"perdure.context", "perdure.select"}},
+    {
+        "context": {
+            "perdure.context",
+            "perdure.runtime",
+            "perdure.children",
+            "perdure.livecontext",
+            "perdure.select",
+        }
+    },
     {"registry": {"perdure.registry"}},
     {
         "execution": {"perdure.execution", "perdure.tasks", "perdure.warm"},
