@@ -82,7 +82,17 @@ LAYERS: list[dict[str, set[str]]] = [
     {"context": {"perdure.context", "perdure.select"}},
     {"registry": {"perdure.registry"}},
     {
-        "execution": {"perdure.execution", "perdure.tasks", "perdure.warm"},
+        "execution": {
+            "perdure.execution",
+            "perdure.host",
+            "perdure.writebuffer",
+            "perdure.childruns",
+            "perdure.warmrun",
+            "perdure.runcontrol",
+            "perdure.settlement",
+            "perdure.tasks",
+            "perdure.warm",
+        },
         "keeper": {"perdure.keeper"},
         "ownership": {"perdure.ownership"},
         "check": {"perdure.check"},
