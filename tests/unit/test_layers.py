@@ -97,7 +97,15 @@ LAYERS: list[dict[str, set[str]]] = [
         "ownership": {"perdure.ownership"},
         "check": {"perdure.check"},
     },
-    {"worker": {"perdure.worker"}},
+    {
+        "worker": {
+            "perdure.worker",
+            "perdure.shutdown",
+            "perdure.renewal",
+            "perdure.taskclaims",
+            "perdure.warmslots",
+        }
+    },
     {"app": {"perdure.app", "perdure.timetable", "perdure.queues"}},
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},
     # The console command serves the web package: web sits below the command line.
