@@ -5,7 +5,13 @@ from the top (replay returns recorded outcomes until the first unrecorded
 position) and settles every way out: parked, ended, released or handed to an
 operator. It does all of the run's store I/O, fenced by its claim; the
 values workflow code records between two durable writes wait in its
-:class:`WriteBuffer`.
+:class:`~perdure.writebuffer.WriteBuffer`.
+
+Its parts are base classes of it, each in a module of its own: the child runs
+it starts (:mod:`perdure.childruns`), warm parking (:mod:`perdure.warmrun`),
+suspend and run deadlines (:mod:`perdure.runcontrol`) and the ends of its
+claim (:mod:`perdure.settlement`). What it needs from the worker that drives
+it is :class:`~perdure.host.Host`.
 """
 
 from __future__ import annotations
@@ -13,120 +19,44 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from perdure import (
-    appplans,
     chains,
+    childruns,
     codec,
     context,
-    effects,
-    endings,
     errors,
     journal,
     live,
     logs,
     payloads,
-    plans,
     replay,
+    runcontrol,
+    settlement,
     steps,
     telemetry,
     validation,
     warm,
+    warmrun,
+    writebuffer,
 )
+from perdure import host as host_api
 from perdure import registry as registry_api
-from perdure.store import chainport, controlport, liveport, planport, port
+from perdure.store import chainport, liveport, port
 
 log = logging.getLogger("perdure.worker")
 
 
-class Host(Protocol):
-    """What an execution needs from the worker that drives it."""
-
-    registry: registry_api.Registry
-    store: port.Store
-    telemetry: telemetry.Telemetry
-
-    @property
-    def stopping(self) -> bool: ...
-
-    def wait_stopping(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds or until the worker stops; return whether it does."""
-        ...
-
-    def invoke(
-        self,
-        wf: registry_api.WorkflowDef,
-        ctx: context.Context,
-        args: list[Any],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        """Call the workflow function with ``ctx`` bound."""
-        ...
-
-
-@runtime_checkable
-class WarmHost(Host, Protocol):
-    """A host that keeps parked runs warm (see :mod:`perdure.warm`)."""
-
-    def warm_slot(self, execution: Execution) -> warm.WarmSlot | None:
-        """A slot to keep the run warm in, reserved for it; None: park the ordinary way."""
-        ...
-
-    def warm_parked(self, execution: Execution, slot: warm.WarmSlot, wake: datetime | None) -> None:
-        """The run is parked in the store: stop renewing it and free its place, keep the slot."""
-        ...
-
-    def warm_cooled(self, slot: warm.WarmSlot) -> port.Claimed | None:
-        """Give the slot up; return a claim that was handed to it meanwhile, if any."""
-        ...
-
-    @property
-    def warm_for(self) -> float:
-        """How long a warm-parked run waits here to be taken up again, in seconds."""
-        ...
-
-
-class WriteBuffer:
-    """Entries recorded since the last durable write, and the receipts to append with them."""
-
-    def __init__(self) -> None:
-        self._entries: list[journal.Entry] = []
-        self._marks: list[journal.Mark] = []
-
-    def add(self, entry: journal.Entry, mark: journal.Mark | None = None) -> None:
-        """Keep ``entry`` (replacing one at its position) and ``mark`` for the next write."""
-        self._entries = [e for e in self._entries if e.position != entry.position]
-        self._entries.append(entry)
-        if mark is not None:
-            self._marks.append(mark)
-
-    def take(self) -> tuple[list[journal.Entry], list[journal.Mark]]:
-        """Hand the buffered entries and marks to a write, emptying the buffer."""
-        entries, marks = self._entries, self._marks
-        self._entries, self._marks = [], []
-        return entries, marks
-
-    def restore(self, entries: list[journal.Entry], marks: list[journal.Mark]) -> None:
-        """Put back entries and marks whose write was refused, ahead of newer ones."""
-        newer = self._entries
-        self._entries = [e for e in entries if all(n.position != e.position for n in newer)]
-        self._entries += newer
-        self._marks[:0] = marks
-
-
-def _error(code: str, message: str, **extra: Any) -> str:
-    return codec.encode(steps.error_dict(code, message, **extra))
-
-
-class Execution:
+class Execution(
+    childruns.ChildRuns, warmrun.WarmExecution, runcontrol.RunControl, settlement.Settlement
+):
     """One claimed run being executed: implements the context's Runtime, owns the write buffer."""
 
-    def __init__(self, host: Host, claimed: port.Claimed) -> None:
+    def __init__(self, host: host_api.Host, claimed: port.Claimed) -> None:
         self.host = host
         self.store = host.store
         self.claimed = claimed
@@ -134,7 +64,7 @@ class Execution:
         self.lost: errors.LeaseLost | None = None
         self._claim = claimed.claim
         self._lock = threading.Lock()
-        self._buffer = WriteBuffer()
+        self._buffer = writebuffer.WriteBuffer()
         self._cursor: replay.JournalCursor | None = None
         self._outcomes = {o.name: o for o in claimed.outcomes}
         self.ctx: context.Context | None = None
@@ -182,27 +112,6 @@ class Execution:
             self.host.wait_stopping(min(left, 0.05))
             self.check()
         self.check()
-
-    def _plan(self, workflow: Any) -> plans.Plan | None:
-        """The app's plan ``workflow`` names, if it names one (a registry may have none)."""
-        plan_of = getattr(self.host.registry, "plan_of", None)
-        found = plan_of(workflow) if plan_of is not None else None
-        return found if isinstance(found, plans.Plan) else None
-
-    def workflow_ref(self, workflow: Any) -> tuple[str, str, Any]:
-        plan = self._plan(workflow)
-        if plan is not None:
-            return plan.name, plan.version, None
-        return self.host.registry.workflow_ref(workflow)
-
-    def child_call(
-        self, workflow: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[str | None, dict[str, Any]]:
-        plan = self._plan(workflow)
-        if plan is not None:
-            appplans.check_start(plan, args, kwargs)
-            return (key if isinstance(key, str) else None), kwargs
-        return registry_api.child_call(self.host.registry, workflow, key, args, kwargs)
 
     def successor(
         self, version: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -269,43 +178,6 @@ class Execution:
             lambda: self.store.next_message(self.run_.run_id, channel, after_sequence)
         )
         return message
-
-    def _plan_spec(self, workflow: str) -> planport.PlanSpec | None:
-        plan = self._plan(workflow)
-        return None if plan is None else appplans.plan_spec(plan)
-
-    def _parent_close(self, workflow: str) -> str | None:
-        found = self.host.registry.workflow_def(workflow)
-        return "cancel" if found is not None and found.parent_close == "cancel" else None
-
-    def create_children(self, children: list[context.NewChild]) -> list[str]:
-        new = [
-            port.NewRun(
-                run_id=uuid.uuid4().hex,
-                app=self.run_.app,
-                workflow=child.workflow,
-                version=child.version,
-                input=telemetry.with_trace(child.input, self.span.trace_context()),
-                key=child.key,
-                parent_id=self.run_.run_id,
-                parent_close=self._parent_close(child.workflow),
-                plan=self._plan_spec(child.workflow),
-            )
-            for child in children
-        ]
-        created: list[port.Run] = self._guarded(lambda: self.store.create_children(self.claim, new))
-        by_key = {run.key: run for run in created}
-        for asked in new:
-            found = by_key.get(asked.key)
-            # A key names one start: a replayed call finds its own child, but a
-            # caller's key that names another child is a conflict, not a match.
-            if (
-                found is not None
-                and found.run_id != asked.run_id
-                and not port.same_start(found, asked, self.payloads.open_text)
-            ):
-                raise errors.KeyConflict(str(asked.key), found, asked.workflow)
-        return [by_key[run.key].run_id if run.key in by_key else run.run_id for run in new]
 
     # -- talking to the outside world (updates, events, streams) ------------------
 
@@ -405,144 +277,6 @@ class Execution:
             raise
         self._written(entries)
 
-    def _suspend_write(
-        self,
-        op: Callable[[port.Claim, Sequence[journal.Entry], Sequence[journal.Mark]], None],
-        entry: journal.Entry,
-        entries: list[journal.Entry],
-        buffered: list[journal.Mark],
-        marks: list[journal.Mark],
-    ) -> None:
-        """Record a write the run's suspend refused, then let go (raising Suspended).
-
-        As for a cancel, an outcome that already happened is recorded and an
-        effect that was about to start is not. If the suspend was withdrawn
-        meanwhile, the write is completed and the run goes on.
-        """
-        starting = entry.status == "started" and not journal.retry_due(entry)
-        kept = [e for e in entries if e.position != entry.position] if starting else entries
-        if self._let_go(kept, [*buffered, *([] if starting else marks)]):
-            raise errors.Suspended(self.run_.run_id)
-        if starting:
-            self._guarded(lambda: op(self.claim, [entry], marks))
-            self._written([entry])
-
-    def _let_go(self, entries: list[journal.Entry], marks: list[journal.Mark]) -> bool:
-        """Record ``entries`` and hand the run back suspended; False if it was withdrawn."""
-        store = controlport.require(self.store)
-        suspended: bool = self._guarded(
-            lambda: store.let_go(self.claim, entries, marks, reset=bool(entries))
-        )
-        self._written(entries)
-        if suspended:
-            self.lost = errors.Suspended(self.run_.run_id)
-            self.ended = "suspended"
-            self.log.info("suspended")
-        return suspended
-
-    def _settle_suspend(self) -> None:
-        """Let go of a run whose suspend stopped it (unless that is done already)."""
-        if isinstance(self.lost, errors.Suspended):
-            return
-        entries, marks = self._buffer.take()
-        try:
-            if not self._let_go(entries, marks):
-                # Withdrawn after the workflow unwound: it runs again from its journal.
-                self._release(failed=False, why="suspend withdrawn")
-        except errors.Canceled:
-            self.acknowledge_cancel()
-            self._settle_cancel()
-
-    def _enforce_deadline(self) -> None:
-        """Have the run canceled before this write if it is past its deadline.
-
-        The write that follows is then refused as canceled, and the run ends
-        by the ordinary cancel path. Only runs with a deadline pay the clock read.
-        """
-        deadline = self.run_.deadline
-        if deadline is None or self._deadline_asked or self.claim.canceling:
-            return
-        if self.now() >= deadline:
-            self._deadline_asked = True
-            store = controlport.require(self.store)
-            self._guarded(lambda: store.expire_deadlines(run_id=self.run_.run_id))
-
-    def hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> bool:
-        # A run with a deadline parks the ordinary way: its deadline is enforced there.
-        if self.run_.deadline is not None or self.lost is not None:
-            return False
-        host = self.host
-        if not isinstance(host, WarmHost):
-            return False
-        slot = host.warm_slot(self)
-        if slot is None:
-            return False
-        entries, marks = self._buffer.take()
-        try:
-            done = self.store.park(self.claim, entries, waits, wake_at=wake_at, marks=marks)
-        except BaseException as exc:
-            # The ordinary path settles what refused the park, as if it had tried.
-            self._buffer.restore(entries, marks)
-            host.warm_cooled(slot)
-            self._park_error = exc
-            return False
-        self._written(entries)
-        if not done:
-            # A wait was met meanwhile: the run still holds its claim; look again.
-            host.warm_cooled(slot)
-            self._outcomes = {o.name: o for o in self._guarded(self._all_outcomes)}
-            return True
-        deadlines = [w.deadline for w in waits if w.deadline] + ([wake_at] if wake_at else [])
-        wake = min(deadlines) if deadlines else None
-        self.log.log(logging.DEBUG, "parked warm (%s)", ", ".join(w.name for w in waits) or wake)
-        host.warm_parked(self, slot, wake)
-        # This claim's span ends here, as an ordinary park's would.
-        self.span.end("parked")
-        self.span = telemetry.NO_SPAN
-        claimed = slot.taken() if slot.wait(host.warm_for) else host.warm_cooled(slot)
-        if claimed is None:
-            self.ended = "parked"
-            raise warm.Cooled(wake)
-        self._resume(claimed)
-        return True
-
-    def _all_outcomes(self) -> list[port.Outcome]:
-        return self.store.outcomes(self.run_.run_id)
-
-    def matches(self, claimed: port.Claimed) -> bool:
-        """Whether a claim of this run finds the journal exactly as this execution left it.
-
-        What the claim read is checked as an ordinary execution checks it; a
-        claim that fails the check is left to one, which sets the run aside.
-        """
-        if self._cursor is None or not warm.same_journal(self._cursor.entries(), claimed):
-            return False
-        run = claimed.run
-        try:
-            validation.run(run, max_failures=self.host.registry.max_failures)
-            validation.outcomes(run.run_id, claimed.outcomes, claimed.journal, [])
-        except errors.CorruptState:
-            return False
-        return True
-
-    def _resume(self, claimed: port.Claimed) -> None:
-        """Go on under a new claim of the run, from where its code waits."""
-        self.claimed = claimed
-        self.run_ = claimed.run
-        with self._lock:
-            self._claim = claimed.claim
-        self._outcomes = {o.name: o for o in claimed.outcomes}
-        run = claimed.run
-        self.lost = (
-            errors.Canceled(run.run_id)
-            if run.cancel_requested
-            else errors.Suspended(run.run_id)
-            if run.suspend_requested
-            else None
-        )
-        self.log.log(logging.DEBUG, "taken up warm (generation %d)", claimed.claim.generation)
-        self._begin_span()
-
     def _written(self, entries: list[journal.Entry]) -> None:
         """Note entries the store now holds, so a later pass replays them."""
         if self._cursor is not None:
@@ -626,7 +360,8 @@ class Execution:
         except errors.CorruptState as exc:
             self.log.error("%s", exc)
             self._finish(
-                "needs_attention", error=_error(exc.code, str(exc), invariant=exc.invariant)
+                "needs_attention",
+                error=settlement.error_text(exc.code, str(exc), invariant=exc.invariant),
             )
             return None
         if run.cancel_requested:
@@ -640,7 +375,7 @@ class Execution:
         if run.failures >= self.host.registry.max_failures:
             self._finish(
                 "needs_attention",
-                error=_error(
+                error=settlement.error_text(
                     "poison_run", f"{run.failures} consecutive attempts failed; not retrying"
                 ),
             )
@@ -649,7 +384,7 @@ class Execution:
         if wf is None or wf.version != run.version:
             self._finish(
                 "needs_attention",
-                error=_error(
+                error=settlement.error_text(
                     "workflow_not_found", f"this worker has no {run.workflow} version {run.version}"
                 ),
             )
@@ -667,16 +402,19 @@ class Execution:
             args, kwargs = self._inputs(wf)
         except errors.CorruptState as exc:
             self._finish(
-                "needs_attention", error=_error(exc.code, str(exc), invariant=exc.invariant)
+                "needs_attention",
+                error=settlement.error_text(exc.code, str(exc), invariant=exc.invariant),
             )
             return None
         except errors.PayloadUnreadable as exc:
             # Sealed by a codec (or a key) this worker lacks: fixable, not failed.
-            self._finish("needs_attention", error=_error(exc.code, f"the run's input: {exc}"))
+            self._finish(
+                "needs_attention", error=settlement.error_text(exc.code, f"the run's input: {exc}")
+            )
             return None
         except errors.InvalidPayload as exc:
             # Well-formed input that this version's type hints do not accept.
-            self._finish("failed", error=_error(exc.code, f"the run's input: {exc}"))
+            self._finish("failed", error=settlement.error_text(exc.code, f"the run's input: {exc}"))
             return None
         return self._loop(wf, self.ctx, args, kwargs)
 
@@ -769,156 +507,10 @@ class Execution:
             try:
                 text = self.payloads.seal(result, "the workflow's result")
             except errors.InvalidPayload as exc:
-                self._finish("failed", error=_error(exc.code, str(exc)))
+                self._finish("failed", error=settlement.error_text(exc.code, str(exc)))
                 return None
             self._finish("succeeded", result=text)
             return None
-
-    def _settle(self, exc: BaseException) -> None:
-        if isinstance(exc, errors.StaleClaim):
-            raise exc
-        if isinstance(exc, errors.Suspended):
-            self._settle_suspend()
-            return
-        if isinstance(exc, errors.Canceled):
-            self.acknowledge_cancel()
-            self._settle_cancel()
-        elif isinstance(exc, chains.ContinueAsNew):
-            self._continue(exc.handover)
-        elif isinstance(exc, steps.Halt):
-            if exc.reason == "needs_attention":
-                self._finish("needs_attention", error=codec.encode(exc.error))
-            elif exc.reason == "release":
-                self._release(failed=False, why="worker stopping")
-            else:
-                self._release(failed=True, why=exc.error.get("message", ""))
-        elif isinstance(exc, errors.CorruptState):
-            self._finish("needs_attention", error=_error(exc.code, str(exc)))
-        elif isinstance(exc, errors.StepFailed):
-            self._finish("failed", error=_error(exc.code, str(exc), step=exc.step))
-        elif isinstance(exc, errors.WaitTimedOut | errors.ChildFailed | errors.InvalidPayload):
-            self._finish("failed", error=_error(exc.code, str(exc)))
-        elif isinstance(exc, Exception):
-            self._finish(
-                "failed",
-                error=_error(
-                    "workflow_failed", f"{type(exc).__name__}: {exc}", type=type(exc).__name__
-                ),
-            )
-        else:
-            raise exc
-
-    def unsettled_effect(self) -> str | None:
-        """Return the ``once`` step whose effect started with no recorded outcome, if any."""
-        known = self._cursor.entries() if self._cursor is not None else self.claimed.journal
-        return next((e.name for e in known if journal.unsettled(e)), None)
-
-    def _settle_cancel(self) -> None:
-        unsettled = self.unsettled_effect()
-        if unsettled is not None:
-            self._finish(
-                "needs_attention",
-                error=_error(
-                    "effect_outcome_unknown",
-                    f"the run was canceled while the effect of step {unsettled} was unsettled",
-                    step=unsettled,
-                ),
-            )
-        else:
-            # As when the store cancels a queued or waiting run: no error,
-            # unless the run passed its deadline.
-            self._finish("canceled", error=self._deadline_error())
-
-    def _deadline_error(self) -> str | None:
-        """Return the error of a run canceled past its deadline, or None."""
-        deadline = self.run_.deadline
-        if deadline is None:
-            return None
-        try:
-            passed = self.store.now() >= deadline
-        except Exception:
-            passed = False
-        if not passed:
-            return None
-        return _error(
-            controlport.DEADLINE_EXCEEDED,
-            f"the run did not end by its deadline {deadline.isoformat()}",
-        )
-
-    def _finish(
-        self, state: port.RunState, *, result: str | None = None, error: str | None = None
-    ) -> None:
-        if state in ("succeeded", "failed"):
-            try:
-                self._enforce_deadline()
-            except (Exception, steps.Halt) as exc:
-                self.log.warning("could not check the run's deadline: %s", exc)
-        entries, marks = self._buffer.take()
-        try:
-            self.store.finish(
-                self.claim, entries, state=state, result=result, error=error, marks=marks
-            )
-        except errors.Canceled:
-            if state in ("canceled", "needs_attention"):
-                raise
-            self._buffer.restore(entries, marks)
-            self.acknowledge_cancel()
-            self._settle_cancel()
-            return
-        except errors.StaleClaim:
-            raise
-        except Exception as exc:
-            self.log.warning("could not record %s: %s", state, exc)
-            return
-        self.ended = state
-        endings.of(self.store).ended(self.claim.run_id)
-        detail = f": {codec.decode(error).get('message')}" if error else ""
-        self.log.info("%s%s", state, detail)
-
-    def _continue(self, handover: chains.Handover) -> None:
-        """End the run and create its successor, in one store transaction."""
-        entries, marks = self._buffer.take()
-        run = self.run_
-        successor = port.NewRun(
-            uuid.uuid4().hex, run.app, handover.workflow, handover.version, handover.input
-        )
-        try:
-            store = chainport.require(self.store)
-            store.continue_run(
-                self.claim, entries, successor, consumed=handover.consumed, marks=marks
-            )
-        except errors.Canceled:
-            self._buffer.restore(entries, marks)
-            self.acknowledge_cancel()
-            self._settle_cancel()
-            return
-        except errors.LeaseLost:
-            raise
-        except Exception as exc:
-            self._release(failed=True, why=f"could not continue as new: {exc}")
-            return
-        self.ended = "continued"
-        endings.of(self.store).ended(self.claim.run_id)
-        self.log.info("continued as new: %s", successor.run_id)
-
-    def _release(self, *, failed: bool, why: str) -> None:
-        failures = self.run_.failures + (1 if failed else 0)
-        if failed and failures >= self.host.registry.max_failures:
-            self._finish(
-                "needs_attention",
-                error=_error("poison_run", f"{failures} consecutive attempts failed; last: {why}"),
-            )
-            return
-        delay = effects.release_backoff(failures) if failed else 0.0
-        try:
-            self.store.release(self.claim, delay=delay, failed=failed)
-        except errors.LeaseLost:
-            raise
-        except Exception as exc:
-            self.log.warning("release failed (%s); its lease will lapse", exc)
-            return
-        self.ended = "released"
-        self.log.info("released%s", f" after failure: {why}" if failed else "")
 
 
 class _StepWatch:

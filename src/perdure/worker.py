@@ -8,17 +8,20 @@ or by the heartbeat thread where the store cannot be reopened from its URL.
 A claimed run executes from the top of its code; replay returns recorded
 outcomes until the first unrecorded position. Recovery after a crash is this
 same path: the next claim of a run whose lease lapsed.
+
+Its parts are base classes of it, each in a module of its own: stopping
+(:mod:`perdure.shutdown`), lease renewal (:mod:`perdure.renewal`), the plan
+tasks it claims (:mod:`perdure.taskclaims`) and the slots of its warm-parked
+runs (:mod:`perdure.warmslots`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import re
 import secrets
-import signal
 import socket
 import threading
 import time
@@ -27,20 +30,27 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal
 
-from perdure import clockwatch, context, errors, keeper, plans, schedules
+from perdure import (
+    clockwatch,
+    context,
+    errors,
+    keeper,
+    renewal,
+    schedules,
+    shutdown,
+    taskclaims,
+    warmslots,
+)
 from perdure import execution as execution_api
 from perdure import ownership as ownership_api
 from perdure import tasks as tasks_api
 from perdure import telemetry as telemetry_api
 from perdure import warm as warm_api
 from perdure.registry import Registry, WorkflowDef
-from perdure.store import planport, port, retention, scheduleport
+from perdure.store import port, retention, scheduleport
 
 log = logging.getLogger("perdure.worker")
 
-# How long a worker waits for its lease keeper to open the store before it
-# renews from its own heartbeat thread instead.
-_KEEPER_START = 30.0
 # The longest pause between claims while the store keeps failing.
 _MAX_CLAIM_BACKOFF = 30.0
 # Runs deleted per sweep at most: pruning a big store never holds claims for long.
@@ -76,7 +86,7 @@ def default_worker_id() -> str:
     return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-class Worker:
+class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslots.WarmSlots):
     """Serves one app's runs until stopped. Use ``app.worker(...)`` to make one."""
 
     def __init__(
@@ -258,147 +268,6 @@ class Worker:
             lag = max(0.0, (found.at - found.oldest_due).total_seconds())
         return telemetry_api.Census(found.states, lag)
 
-    def stop(self, timeout: float | None = None) -> bool:
-        """Stop claiming; let in-flight runs record their current step, then release them.
-
-        Leases stay renewed while in-flight steps finish. Waits up to
-        ``timeout`` seconds (``None``: as long as it takes) or until
-        :meth:`stop_now`; runs still in flight then are released at once and
-        named in the log, with any ``once`` effect whose outcome is now
-        unknown. Returns True when no run was left in flight.
-        """
-        self._stop_event.set()
-        self._slot_freed.set()
-        self._cool_all()
-        with contextlib.suppress(Exception):
-            self.store.notify_ready()
-        deadline = None if timeout is None else time.monotonic() + timeout
-
-        def left() -> float | None:
-            return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-        if len(self._threads) > 1:
-            self._threads[1].join(left())  # the claim loop
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        while self._active and not self._at_once.is_set():
-            if self._signals > 1:
-                log.warning("worker %s: signaled again: stopping at once", self.worker_id)
-                break
-            wait = left()
-            if wait == 0.0:
-                break
-            self._slot_freed.wait(0.05 if wait is None else min(wait, 0.05))
-            self._slot_freed.clear()
-        abandoned = self._abandon()
-        self.telemetry.unwatch(self.registry.name)
-        self._halt.set()
-        if len(self._threads) > 2:
-            self._threads[2].join(self.heartbeat + 1)
-        if self._keeper is not None:
-            self._keeper.close()
-        self._owner.release()
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            # A loop left open is finalized at interpreter exit, after its
-            # sockets, and complains. One still running an abandoned run's
-            # coroutine is left alone: that coroutine may never yield.
-            if not abandoned:
-                self._threads[0].join(5.0)
-                if not self._threads[0].is_alive():
-                    self._loop.close()
-        log.info("worker %s stopped", self.worker_id)
-        return not abandoned
-
-    def stop_now(self) -> None:
-        """Make a running or pending :meth:`stop` give up waiting for in-flight steps."""
-        self._at_once.set()
-        self._stop_event.set()
-        self._slot_freed.set()
-
-    def _abandon(self) -> list[str]:
-        """Release the runs still in flight; return their ids."""
-        with self._active_lock:
-            left = list(self._active.values())
-        for execution in left:
-            if isinstance(execution, tasks_api.TaskExecution):
-                self._abandon_task(execution)
-                continue
-            claim = execution.claim
-            effect = execution.unsettled_effect()
-            if effect is not None:
-                execution.log.warning(
-                    "left in flight by worker %s during the once step %s: its outcome is "
-                    "unknown, so the run will need attention (effect_outcome_unknown)",
-                    self.worker_id,
-                    effect,
-                    step=effect,
-                )
-            else:
-                execution.log.warning(
-                    "left in flight by worker %s; its current step did not record an "
-                    "outcome and will run again",
-                    self.worker_id,
-                )
-            if execution.lost is None:
-                # Hand it over now rather than after the lease lapses; a claim
-                # already fenced off (StaleClaim is an Interrupt) has nothing to hand.
-                with contextlib.suppress(Exception, errors.LeaseLost):
-                    self.store.release(claim, delay=0, failed=False)
-        return [execution.key for execution in left]
-
-    def _abandon_task(self, execution: tasks_api.TaskExecution) -> None:
-        """Hand a task back, unless a once attempt may have had its effect (then it lapses)."""
-        if execution.unsettled_effect() is not None:
-            log.warning(
-                "worker %s left the once task %s in flight: its outcome is unknown, so it "
-                "will need attention (effect_outcome_unknown)",
-                self.worker_id,
-                execution.key,
-            )
-            return
-        log.warning(
-            "worker %s left the task %s in flight; it will run again", self.worker_id, execution.key
-        )
-        if execution.lost is None and isinstance(self.store, planport.PlanStore):
-            with contextlib.suppress(Exception, errors.LeaseLost):
-                self.store.release_task(execution.claim)
-
-    def run(self) -> bool:
-        """Serve until SIGINT or SIGTERM, then stop gracefully (see :meth:`stop`).
-
-        The first signal stops claiming and gives in-flight steps up to
-        ``grace`` seconds to record their outcomes; a second one stops at
-        once. Returns True when no run was left in flight.
-        """
-        previous = {}
-
-        def handle(signum: int, frame: object) -> None:
-            # Only a counter: the handler runs between two bytecodes of the
-            # main thread, which may hold the very lock an Event.set() or a
-            # log write would take.
-            self._signals += 1
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, handle)
-        self.start()
-        try:
-            while not self._signals and not self._stop_event.is_set():
-                time.sleep(0.1)
-            if self._signals:
-                log.info(
-                    "worker %s: stopping: finishing in-flight steps (up to %gs; "
-                    "signal again to stop at once)",
-                    self.worker_id,
-                    self.grace,
-                )
-        finally:
-            clean = self.stop(timeout=self.grace)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return clean
-
     def __enter__(self) -> Worker:
         return self.start()
 
@@ -406,29 +275,6 @@ class Worker:
         self.stop(timeout=self.grace)
 
     # -- claiming -------------------------------------------------------------
-
-    def _await_keeper(self) -> None:
-        """Claim nothing until the keeper renews.
-
-        A step holding the GIL from the first claim on would otherwise starve
-        the only other renewer, the heartbeat thread.
-        """
-        kept = self._keeper
-        if kept is None:
-            return
-        deadline = time.monotonic() + _KEEPER_START
-        while not kept.ready.wait(0.05):
-            if self._stop_event.is_set():
-                return
-            if not kept.alive or time.monotonic() > deadline:
-                log.warning(
-                    "worker %s: the lease keeper did not start; renewing from this process",
-                    self.worker_id,
-                )
-                self._keeper = None
-                self.liveness = "thread"
-                kept.close()
-                return
 
     def _claim_loop(self) -> None:
         self._await_keeper()
@@ -577,47 +423,6 @@ class Worker:
             self._next_wake = at
             self.store.notify_ready()
 
-    def _plans(self) -> dict[str, plans.Plan]:
-        """The app's plans by name (a registry written before plans declares none)."""
-        found = getattr(self.registry, "plans", None)
-        return dict(found) if isinstance(found, dict) else {}
-
-    def _claim_tasks(self, free: int) -> int:
-        """Claim and start up to ``free`` tasks of the app's plans; return how many."""
-        served = self._plans()
-        if free <= 0 or not served or self.dry_run:
-            return 0
-        store = self.store
-        if not isinstance(store, planport.PlanStore):
-            return 0
-        try:
-            claims = store.claim_tasks(
-                self.registry.name,
-                self.worker_id,
-                [p.identity for p in served.values()],
-                lease_ttl=self._claim_ttl,
-                limit=free,
-                recover_until=self._clock_watch.recover_until(time.monotonic()),
-            )
-        except Exception as exc:
-            log.warning("worker %s: task claim failed: %s", self.worker_id, exc)
-            return 0
-        for claim in claims:
-            plan = served.get(claim.workflow)
-            assert plan is not None  # claims are only of the plans served
-            execution = tasks_api.TaskExecution(
-                store,
-                claim,
-                plan,
-                self.registry.payloads,
-                stopping=self._stop_event,
-                loop=lambda: self._loop,
-            )
-            self._start(execution)
-            if self._keeper is not None:
-                self._keeper.hold_task(execution.key, claim)
-        return len(claims)
-
     def _start(self, execution: Execution | tasks_api.TaskExecution) -> None:
         with self._active_lock:
             self._active[execution.key] = execution
@@ -626,84 +431,6 @@ class Worker:
             self._pool.submit(self._execute, execution)
         except RuntimeError:
             self._forget(execution)
-
-    # -- warm parking (perdure.warm) ----------------------------------------------
-
-    @property
-    def warm_for(self) -> float:
-        return self._warm_for
-
-    def warm_slot(self, execution: Execution) -> warm_api.WarmSlot | None:
-        # Only a worker that serves (its claim loop hands claims over) keeps runs warm:
-        # an execution driven by hand parks the ordinary way.
-        if self._warm_cap == 0 or self._pool is None or self._stop_event.is_set():
-            return None
-        with self._warm_lock:
-            if len(self._warm) >= self._warm_cap or execution.key in self._warm:
-                return None
-            slot = warm_api.WarmSlot(execution.key)
-            self._warm[execution.key] = (slot, execution)
-            return slot
-
-    def warm_parked(
-        self, execution: Execution, slot: warm_api.WarmSlot, wake: datetime | None
-    ) -> None:
-        with self._active_lock:
-            if self._active.get(execution.key) is execution:
-                del self._active[execution.key]
-        if self._keeper is not None:
-            self._keeper.drop(execution.key, execution.claim.generation)
-        with self._warm_lock:
-            slot.parked = True
-        slot.settled.set()
-        self._slot_freed.set()
-        self._note_wake(wake)
-
-    def warm_cooled(self, slot: warm_api.WarmSlot) -> port.Claimed | None:
-        with self._warm_lock:
-            found = self._warm.get(slot.run_id)
-            if found is not None and found[0] is slot:
-                del self._warm[slot.run_id]
-                slot.settled.set()
-                return None
-        # A claim took the slot: its hand-over follows at once.
-        slot.wait(5.0)
-        return slot.taken()
-
-    def _cool_all(self) -> None:
-        with self._warm_lock:
-            slots = [slot for slot, _ in self._warm.values()]
-            self._warm.clear()
-        for slot in slots:
-            slot.hand(None)
-
-    def _take_warm(self, claimed: port.Claimed) -> bool:
-        """Hand a claim to the run's warm execution, if it waits here and still fits."""
-        if not self._warm:
-            return False
-        run_id = claimed.claim.run_id
-        with self._warm_lock:
-            found = self._warm.get(run_id)
-        if found is None:
-            return False
-        # A claim can follow the park's commit before its thread says it parked.
-        found[0].settled.wait(1.0)
-        with self._warm_lock:
-            if self._warm.get(run_id) is not found or not found[0].parked:
-                return False
-            del self._warm[run_id]
-        slot, execution = found
-        if claimed.recovered or not execution.matches(claimed):
-            # Another pass ran it meanwhile: the claim replays the journal instead.
-            log.debug("worker %s: run %s moved on elsewhere; replaying", self.worker_id, run_id)
-            slot.hand(None)
-            return False
-        with self._active_lock:
-            self._active[run_id] = execution
-        if self._keeper is not None:
-            self._keeper.hold(claimed.claim)
-        slot.hand(claimed)
-        return True
 
     def _dispatch(self, claimed: port.Claimed) -> None:
         if self._take_warm(claimed):
@@ -726,55 +453,6 @@ class Worker:
         if self._keeper is not None:
             self._keeper.drop(execution.key, execution.claim.generation)
         self._slot_freed.set()
-
-    def _lost(self, run_id: str, generation: int, lost: errors.LeaseLost) -> None:
-        """Take the keeper's word that a renewal was refused."""
-        with self._active_lock:
-            execution = self._active.get(run_id)
-        if execution is not None and execution.claim.generation == generation:
-            execution.log.info("lease renewal refused (%s)", lost.code)
-            execution.lost = lost
-
-    def _heartbeat_loop(self) -> None:
-        warned = False
-        while not self._halt.wait(self.heartbeat):
-            if not self._owner.renew():
-                # Another worker took the app over: its claims fence this one's
-                # runs off; stop claiming, and stop their steps at once.
-                self.stop_now()
-            kept = self._keeper
-            if self.ownership == "none":
-                pass  # no run lease to renew
-            elif kept is not None and kept.ready.is_set() and kept.alive:
-                kept.beat()
-            else:
-                if kept is not None and kept.ready.is_set() and not warned:
-                    warned = True
-                    log.warning(
-                        "worker %s: the lease keeper exited; renewing from this process",
-                        self.worker_id,
-                    )
-                # Also while the keeper is starting: it renews nothing yet.
-                self._renew_here()
-            if self._stop_event.is_set() and not self._active:
-                return
-
-    def _renew_here(self) -> None:
-        for execution in list(self._active.values()):
-            if execution.lost is not None:
-                continue
-            try:
-                if isinstance(execution, tasks_api.TaskExecution):
-                    assert isinstance(self.store, planport.PlanStore)
-                    claim = execution.claim
-                    execution.renewed(self.store.renew_task(claim, lease_ttl=self.lease_ttl))
-                    continue
-                execution.renewed(self.store.renew(execution.claim, lease_ttl=self.lease_ttl))
-            except errors.LeaseLost as lost:
-                execution.log.info("lease renewal refused (%s)", lost.code)
-                execution.lost = lost
-            except Exception as exc:
-                execution.log.warning("lease renewal failed: %s", exc)
 
     # -- executing ------------------------------------------------------------
 

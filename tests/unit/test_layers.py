@@ -92,12 +92,30 @@ LAYERS: list[dict[str, set[str]]] = [
     },
     {"registry": {"perdure.registry"}},
     {
-        "execution": {"perdure.execution", "perdure.tasks", "perdure.warm"},
+        "execution": {
+            "perdure.execution",
+            "perdure.host",
+            "perdure.writebuffer",
+            "perdure.childruns",
+            "perdure.warmrun",
+            "perdure.runcontrol",
+            "perdure.settlement",
+            "perdure.tasks",
+            "perdure.warm",
+        },
         "keeper": {"perdure.keeper"},
         "ownership": {"perdure.ownership"},
         "check": {"perdure.check"},
     },
-    {"worker": {"perdure.worker"}},
+    {
+        "worker": {
+            "perdure.worker",
+            "perdure.shutdown",
+            "perdure.renewal",
+            "perdure.taskclaims",
+            "perdure.warmslots",
+        }
+    },
     {"app": {"perdure.app", "perdure.timetable", "perdure.queues"}},
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},
     # The console command serves the web package: web sits below the command line.

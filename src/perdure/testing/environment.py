@@ -57,7 +57,7 @@ def temporary_store(**options: Any) -> Iterator[port.Store]:
 
 
 class _Host:
-    """What an Execution needs from the worker that drives it (``perdure.execution.Host``)."""
+    """What an Execution needs from the worker that drives it (``perdure.host.Host``)."""
 
     def __init__(self, env: Environment, store: port.Store) -> None:
         self.env = env

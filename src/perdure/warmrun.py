@@ -1,0 +1,134 @@
+"""Warm parking, the run's side: a parked run held on its thread, and taken up again there.
+
+:class:`WarmExecution` is a part of :class:`~perdure.execution.Execution` (a
+base class of it). When a workflow waits, :meth:`WarmExecution.hold` parks
+the run in the store as always, then keeps the workflow's thread where it
+stopped, in a slot its worker reserved (:class:`~perdure.host.WarmHost`). A
+claim handed to the slot that finds the journal as this execution left it
+(:meth:`WarmExecution.matches`) goes on from the wait, with no replay; the
+worker's side of it is :mod:`perdure.warmslots`, the rules :mod:`perdure.warm`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from perdure import errors, journal, logs, replay, telemetry, validation, warm, writebuffer
+from perdure import host as host_api
+from perdure.store import port
+
+if TYPE_CHECKING:
+    from perdure import execution as execution_api
+
+
+class WarmExecution:
+    """The warm parking of an Execution: hold a parked run here, resume it under a new claim."""
+
+    # What the Execution supplies.
+    host: host_api.Host
+    store: port.Store
+    claimed: port.Claimed
+    run_: port.Run
+    lost: errors.LeaseLost | None
+    log: logs.RunLog
+    span: telemetry.Span
+    ended: str
+    _claim: port.Claim
+    _lock: threading.Lock
+    _buffer: writebuffer.WriteBuffer
+    _cursor: replay.JournalCursor | None
+    _outcomes: dict[str, journal.Outcome]
+    _park_error: BaseException | None
+
+    if TYPE_CHECKING:
+
+        @property
+        def claim(self) -> port.Claim: ...
+
+        def _written(self, entries: list[journal.Entry]) -> None: ...
+
+        def _guarded(self, fn: Callable[[], Any]) -> Any: ...
+
+        def _begin_span(self) -> None: ...
+
+    def hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> bool:
+        # A run with a deadline parks the ordinary way: its deadline is enforced there.
+        if self.run_.deadline is not None or self.lost is not None:
+            return False
+        host = self.host
+        if not isinstance(host, host_api.WarmHost):
+            return False
+        # Always a part of an Execution: the worker keeps it whole, to hand it the next claim.
+        execution = cast("execution_api.Execution", self)
+        slot = host.warm_slot(execution)
+        if slot is None:
+            return False
+        entries, marks = self._buffer.take()
+        try:
+            done = self.store.park(self.claim, entries, waits, wake_at=wake_at, marks=marks)
+        except BaseException as exc:
+            # The ordinary path settles what refused the park, as if it had tried.
+            self._buffer.restore(entries, marks)
+            host.warm_cooled(slot)
+            self._park_error = exc
+            return False
+        self._written(entries)
+        if not done:
+            # A wait was met meanwhile: the run still holds its claim; look again.
+            host.warm_cooled(slot)
+            self._outcomes = {o.name: o for o in self._guarded(self._all_outcomes)}
+            return True
+        deadlines = [w.deadline for w in waits if w.deadline] + ([wake_at] if wake_at else [])
+        wake = min(deadlines) if deadlines else None
+        self.log.log(logging.DEBUG, "parked warm (%s)", ", ".join(w.name for w in waits) or wake)
+        host.warm_parked(execution, slot, wake)
+        # This claim's span ends here, as an ordinary park's would.
+        self.span.end("parked")
+        self.span = telemetry.NO_SPAN
+        claimed = slot.taken() if slot.wait(host.warm_for) else host.warm_cooled(slot)
+        if claimed is None:
+            self.ended = "parked"
+            raise warm.Cooled(wake)
+        self._resume(claimed)
+        return True
+
+    def _all_outcomes(self) -> list[port.Outcome]:
+        return self.store.outcomes(self.run_.run_id)
+
+    def matches(self, claimed: port.Claimed) -> bool:
+        """Whether a claim of this run finds the journal exactly as this execution left it.
+
+        What the claim read is checked as an ordinary execution checks it; a
+        claim that fails the check is left to one, which sets the run aside.
+        """
+        if self._cursor is None or not warm.same_journal(self._cursor.entries(), claimed):
+            return False
+        run = claimed.run
+        try:
+            validation.run(run, max_failures=self.host.registry.max_failures)
+            validation.outcomes(run.run_id, claimed.outcomes, claimed.journal, [])
+        except errors.CorruptState:
+            return False
+        return True
+
+    def _resume(self, claimed: port.Claimed) -> None:
+        """Go on under a new claim of the run, from where its code waits."""
+        self.claimed = claimed
+        self.run_ = claimed.run
+        with self._lock:
+            self._claim = claimed.claim
+        self._outcomes = {o.name: o for o in claimed.outcomes}
+        run = claimed.run
+        self.lost = (
+            errors.Canceled(run.run_id)
+            if run.cancel_requested
+            else errors.Suspended(run.run_id)
+            if run.suspend_requested
+            else None
+        )
+        self.log.log(logging.DEBUG, "taken up warm (generation %d)", claimed.claim.generation)
+        self._begin_span()

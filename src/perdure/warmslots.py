@@ -1,0 +1,122 @@
+"""Warm parking, the worker's side: the slots its parked runs wait in, and claims handed to them.
+
+:class:`WarmSlots` is a part of :class:`~perdure.worker.Worker` (a base class
+of it) and makes it a :class:`~perdure.host.WarmHost`. A run that parks warm
+takes one of at most ``warm`` slots and gives up its place among the running;
+a claim of the run by this worker is handed to its slot when the run's
+execution finds the journal as it left it (:mod:`perdure.warmrun`), and is
+executed the ordinary way otherwise. The rules are :mod:`perdure.warm`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from perdure import execution as execution_api
+from perdure import keeper
+from perdure import tasks as tasks_api
+from perdure import warm as warm_api
+from perdure.store import port
+
+log = logging.getLogger("perdure.worker")
+
+
+class WarmSlots:
+    """The warm-parked runs of a Worker, by run id."""
+
+    # What the Worker supplies.
+    worker_id: str
+    _warm_cap: int
+    _warm_for: float
+    _warm: dict[str, tuple[warm_api.WarmSlot, execution_api.Execution]]
+    _warm_lock: threading.Lock
+    _active: dict[str, execution_api.Execution | tasks_api.TaskExecution]
+    _active_lock: threading.Lock
+    _keeper: keeper.Keeper | None
+    _pool: ThreadPoolExecutor | None
+    _slot_freed: threading.Event
+    _stop_event: threading.Event
+
+    if TYPE_CHECKING:
+
+        def _note_wake(self, when: datetime | None) -> None: ...
+
+    @property
+    def warm_for(self) -> float:
+        return self._warm_for
+
+    def warm_slot(self, execution: execution_api.Execution) -> warm_api.WarmSlot | None:
+        # Only a worker that serves (its claim loop hands claims over) keeps runs warm:
+        # an execution driven by hand parks the ordinary way.
+        if self._warm_cap == 0 or self._pool is None or self._stop_event.is_set():
+            return None
+        with self._warm_lock:
+            if len(self._warm) >= self._warm_cap or execution.key in self._warm:
+                return None
+            slot = warm_api.WarmSlot(execution.key)
+            self._warm[execution.key] = (slot, execution)
+            return slot
+
+    def warm_parked(
+        self, execution: execution_api.Execution, slot: warm_api.WarmSlot, wake: datetime | None
+    ) -> None:
+        with self._active_lock:
+            if self._active.get(execution.key) is execution:
+                del self._active[execution.key]
+        if self._keeper is not None:
+            self._keeper.drop(execution.key, execution.claim.generation)
+        with self._warm_lock:
+            slot.parked = True
+        slot.settled.set()
+        self._slot_freed.set()
+        self._note_wake(wake)
+
+    def warm_cooled(self, slot: warm_api.WarmSlot) -> port.Claimed | None:
+        with self._warm_lock:
+            found = self._warm.get(slot.run_id)
+            if found is not None and found[0] is slot:
+                del self._warm[slot.run_id]
+                slot.settled.set()
+                return None
+        # A claim took the slot: its hand-over follows at once.
+        slot.wait(5.0)
+        return slot.taken()
+
+    def _cool_all(self) -> None:
+        with self._warm_lock:
+            slots = [slot for slot, _ in self._warm.values()]
+            self._warm.clear()
+        for slot in slots:
+            slot.hand(None)
+
+    def _take_warm(self, claimed: port.Claimed) -> bool:
+        """Hand a claim to the run's warm execution, if it waits here and still fits."""
+        if not self._warm:
+            return False
+        run_id = claimed.claim.run_id
+        with self._warm_lock:
+            found = self._warm.get(run_id)
+        if found is None:
+            return False
+        # A claim can follow the park's commit before its thread says it parked.
+        found[0].settled.wait(1.0)
+        with self._warm_lock:
+            if self._warm.get(run_id) is not found or not found[0].parked:
+                return False
+            del self._warm[run_id]
+        slot, execution = found
+        if claimed.recovered or not execution.matches(claimed):
+            # Another pass ran it meanwhile: the claim replays the journal instead.
+            log.debug("worker %s: run %s moved on elsewhere; replaying", self.worker_id, run_id)
+            slot.hand(None)
+            return False
+        with self._active_lock:
+            self._active[run_id] = execution
+        if self._keeper is not None:
+            self._keeper.hold(claimed.claim)
+        slot.hand(claimed)
+        return True
