@@ -91,7 +91,16 @@ LAYERS: list[dict[str, set[str]]] = [
         "check": {"perdure.check"},
     },
     {"worker": {"perdure.worker"}},
-    {"app": {"perdure.app", "perdure.timetable", "perdure.queues"}},
+    {
+        "app": {
+            "perdure.app",
+            "perdure.timetable",
+            "perdure.queues",
+            "perdure.appsteps",
+            "perdure.appmigrations",
+            "perdure.applive",
+        }
+    },
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},
     # The console command serves the web package: web sits below the command line.
     {"web": {"perdure.web"}},
