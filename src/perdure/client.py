@@ -492,6 +492,7 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls, repairs.Repairs):
         return controlport.require(self.store).suspend(run_id) != "already"
 
     # -- operators ------------------------------------------------------------
+    # resolve and fork, the repairs of runs, are Repairs's (repairs.py).
 
     def cancel(self, run_id: str) -> bool:
         """Cancel the run and its descendants; True if the request took effect.
