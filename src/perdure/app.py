@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import re
 import threading
@@ -13,10 +12,12 @@ from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 from perdure import (
+    applive,
+    appmigrations,
     appplans,
+    appsteps,
     codec,
     context,
-    effects,
     errors,
     payloads,
     plans,
@@ -32,10 +33,8 @@ from perdure import telemetry as telemetry_api
 from perdure import worker as worker_api
 from perdure.store import DEFAULT_LEDGER_LIMIT, default_url, open_store, port
 
-F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
-M = TypeVar("M", bound=Callable[[Any], object])
 
 # How long ended runs are kept before a worker's sweep deletes them.
 DEFAULT_RETENTION = timedelta(days=30)
@@ -65,7 +64,14 @@ class _ClientCall(Generic[P, R]):
         return cast(Callable[P, R], types.MethodType(self._call, app.client))
 
 
-class App(timetable.Timetable, queues.Queues, appplans.PlanRegistry):
+class App(
+    timetable.Timetable,
+    applive.LiveRuns,
+    queues.Queues,
+    appplans.PlanRegistry,
+    appsteps.Steps,
+    appmigrations.Migrations,
+):
     """A named set of workflows and steps bound to one store.
 
     The store is opened on first use, so importing a module that defines an
@@ -267,94 +273,6 @@ class App(timetable.Timetable, queues.Queues, appplans.PlanRegistry):
 
         return cast(registry.Register, register)
 
-    @overload
-    def step(self, fn: F, /) -> F: ...
-
-    @overload
-    def step(
-        self,
-        fn: None = None,
-        /,
-        *,
-        name: str | None = None,
-        effect: effects.Effect = "idempotent",
-        retry: effects.Retry | None = None,
-        timeout: timedelta | float | None = None,
-        dry_run: Callable[..., Any] | None = None,
-    ) -> Callable[[F], F]: ...
-
-    def step(
-        self,
-        fn: F | None = None,
-        /,
-        *,
-        name: str | None = None,
-        effect: effects.Effect = "idempotent",
-        retry: effects.Retry | None = None,
-        timeout: timedelta | float | None = None,
-        dry_run: Callable[..., Any] | None = None,
-    ) -> F | Callable[[F], F]:
-        """Declare a step: inside a workflow, a call to it is journaled.
-
-        ``effect`` is ``"pure"``, ``"idempotent"`` (retried under ``retry``) or
-        ``"once"`` (its start is recorded first; never silently repeated).
-        An attempt that runs past ``timeout`` fails with
-        :class:`~perdure.StepTimedOut` (a sync step's thread runs on; its late
-        result is discarded). Outside a workflow the function runs as a plain call.
-        In a dry run an ``idempotent`` or ``once`` step is not called: it
-        returns ``dry_run(*args, **kwargs)`` (a plain function), or ``None``.
-        """
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        _check_stub(dry_run)
-
-        def declare(target: F) -> F:
-            step_name = codec.check_text("a step name", name or target.__name__, limit=200)
-            opts = effects.StepOptions(
-                step_name,
-                effect,
-                retry or effects.DEFAULT_RETRY,
-                timeout=seconds,
-                dry_run=dry_run,
-            )
-            return _wrap(target, opts, transactional=False)
-
-        return declare(fn) if fn is not None else declare
-
-    @overload
-    def transaction(self, name: Callable[Concatenate[Any, P], R], /) -> Callable[P, R]: ...
-
-    @overload
-    def transaction(
-        self, name: str | None = None, *, dry_run: Callable[..., Any] | None = None
-    ) -> Callable[[Callable[Concatenate[Any, P], R]], Callable[P, R]]: ...
-
-    def transaction(
-        self, name: str | Callable[..., Any] | None = None, *, dry_run: Any = None
-    ) -> Any:
-        """Declare a transactional step: ``fn(connection, ...)`` runs in the step's own commit.
-
-        Use it as ``@app.transaction``, ``@app.transaction()`` or
-        ``@app.transaction("name")``. The connection is the store's
-        (``sqlite3.Connection`` or psycopg's); its writes and the journal entry
-        commit together or not at all. In a dry run it is not called: it
-        returns ``dry_run(*args, **kwargs)`` (without the connection), or ``None``.
-        """
-        if callable(name):
-            return self.transaction(None)(name)
-        if name is not None and not isinstance(name, str):
-            raise errors.InvalidInput(f"a transaction step name must be a string, got {name!r}")
-        _check_stub(dry_run)
-
-        def declare(target: Callable[Concatenate[Any, P], R]) -> Callable[P, R]:
-            step_name = codec.check_text("a step name", name or target.__name__, limit=200)
-            opts = effects.StepOptions(
-                step_name, "pure", effects.NO_RETRY, transactional=True, dry_run=dry_run
-            )
-            # Callers leave out the connection; the engine passes it in.
-            return cast(Callable[P, R], _wrap(target, opts, transactional=True))
-
-        return declare
-
     def _plan_names_taken(self) -> set[str]:
         return set(self._workflows)
 
@@ -552,57 +470,8 @@ class App(timetable.Timetable, queues.Queues, appplans.PlanRegistry):
 
     # -- talking to live runs -------------------------------------------------
 
-    def update(
-        self,
-        run_id: str,
-        name: str,
-        payload: Any = None,
-        update_id: str | None = None,
-        timeout: float | None = None,
-    ) -> Any:
-        """Send the update ``name`` to a live run and return the run's answer.
-
-        The workflow's validator for ``name``, if this app registers one, runs
-        here first; see :meth:`perdure.client.Client.update` for the rest.
-
-        Raises:
-            errors.UpdateRejected: the validator raised; nothing was stored.
-            errors.UpdateAbandoned: the run ended without answering.
-            errors.UpdateTimedOut: no answer within ``timeout`` seconds.
-            errors.RunFinished: the run had already ended.
-        """
-        wf = self._workflows.get(self.client.get(run_id).workflow)
-        validator = wf.validators.get(name) if wf is not None else None
-        return self.client.update(run_id, name, payload, update_id, timeout, validator=validator)
-
-    def query(self, run_id: str, name: str) -> Any:
-        """Answer the workflow's query ``name`` about a run, from its durable journal.
-
-        Needs no worker and writes nothing.
-
-        Raises:
-            errors.UnknownQuery: the run's workflow has no such query here.
-            errors.QueryFailed: the query function raised.
-        """
-        view = self.client.view(run_id)
-        wf = self._workflows.get(view.workflow)
-        found = wf.queries.get(name) if wf is not None else None
-        if found is None:
-            known = sorted(wf.queries) if wf is not None else []
-            hint = f" (known: {', '.join(known)})" if known else ""
-            raise errors.UnknownQuery(
-                f"workflow {view.workflow} has no query named {name!r} in this app{hint}"
-            )
-        try:
-            return found(view)
-        except Exception as exc:
-            raise errors.QueryFailed(
-                f"query {name!r} of run {run_id} raised {type(exc).__name__}: {exc}"
-            ) from exc
-
-    # An update waits for the run's answer; a query runs the workflow's own code.
-    aupdate = client_api.blocking_twin(update)
-    aquery = client_api.blocking_twin(query)
+    # update and query run the workflow's validators and queries (applive.LiveRuns);
+    # the calls below need no workflow code.
     events = _ClientCall(client_api.Client.events)
     get_event = _ClientCall(client_api.Client.get_event)
     read_stream = _ClientCall(client_api.Client.read_stream)
@@ -610,48 +479,6 @@ class App(timetable.Timetable, queues.Queues, appplans.PlanRegistry):
     aget_event = _ClientCall(client_api.Client.aget_event)
 
     # -- workers --------------------------------------------------------------
-
-    def migration(self, version: int) -> Callable[[M], M]:
-        """Register ``fn(connection)``, migration ``version`` of the app's own tables.
-
-        ``@app.transaction`` steps write to the store's database; this is how
-        their tables get there. ``fn`` receives the database connection
-        (``sqlite3.Connection``, or ``psycopg.Connection`` on PostgreSQL) in
-        a transaction that also records the migration, and must neither
-        commit nor roll back. Each version runs once per app and store, lowest
-        first, when a worker starts, when a test environment opens, on
-        :meth:`migrate` and on ``perdure migrate MODULE:APP``.
-
-        Raises:
-            errors.InvalidInput: ``version`` is not a positive integer, or is taken.
-        """
-        if type(version) is not int or version < 1:
-            raise errors.InvalidInput(f"a migration version is a positive integer, got {version!r}")
-
-        def register(fn: M) -> M:
-            if version in self._migrations:
-                raise errors.InvalidInput(f"app {self.name} has two migrations {version}")
-            self._migrations[version] = fn
-            return fn
-
-        return register
-
-    def migrate(self) -> list[int]:
-        """Bring the store's schema and then the app's own (its migrations) up to date.
-
-        Returns the versions of the app's migrations applied now (none if all were).
-
-        Raises:
-            errors.InvalidInput: the app has migrations and its store cannot run them.
-        """
-        store = self.store  # opening the store migrates perdure's own schema
-        if not self._migrations:
-            return []
-        apply = getattr(store, "apply_app_migrations", None)
-        if apply is None:
-            raise errors.InvalidInput(f"the store {store.url} cannot run an app's migrations")
-        applied: list[int] = apply(self.name, sorted(self._migrations.items()))
-        return applied
 
     def worker(
         self,
@@ -698,44 +525,3 @@ class App(timetable.Timetable, queues.Queues, appplans.PlanRegistry):
             # Its schedules' next tick is judged by the store's clock, which just moved.
             subscribe(made.clock_moved)
         return made
-
-
-def _check_stub(stub: Any) -> None:
-    if stub is not None and (not callable(stub) or inspect.iscoroutinefunction(stub)):
-        raise errors.InvalidInput(
-            f"a step's dry_run= is a plain function called with the step's arguments, got {stub!r}"
-        )
-
-
-def _wrap(fn: F, opts: effects.StepOptions, *, transactional: bool) -> F:
-    fn.__perdure_step__ = opts  # type: ignore[attr-defined]
-    if inspect.iscoroutinefunction(fn):
-
-        @functools.wraps(fn)
-        async def async_step(*args: Any, **kwargs: Any) -> Any:
-            ctx = context.current()
-            # Inside another step's body a step is a plain call: the outer
-            # step's outcome is what the journal records.
-            if ctx is None or context.in_step():
-                return await fn(*args, **kwargs)
-            return await ctx.astep(fn, *args, **kwargs)
-
-        async_step.__perdure_step__ = opts  # type: ignore[attr-defined]
-        return async_step  # type: ignore[return-value]
-
-    @functools.wraps(fn)
-    def sync_step(*args: Any, **kwargs: Any) -> Any:
-        ctx = context.current()
-        if ctx is None or context.in_step():
-            if transactional:
-                raise errors.InvalidInput(
-                    f"transactional step {opts.name} can only be called by a workflow, "
-                    "not outside one or from inside another step"
-                )
-            return fn(*args, **kwargs)
-        if transactional:
-            return ctx.transaction(fn, *args, **kwargs)
-        return ctx.step(fn, *args, **kwargs)
-
-    sync_step.__perdure_step__ = opts  # type: ignore[attr-defined]
-    return sync_step  # type: ignore[return-value]

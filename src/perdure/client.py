@@ -10,35 +10,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import getpass
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from perdure import (
     codec,
     endings,
     errors,
+    handles,
     journal,
     lineage,
     liveclient,
+    placement,
     planclient,
     records,
+    repairs,
     signals,
     telemetry,
     validation,
 )
 from perdure import payloads as _payloads
-from perdure.store import controlport, planport, port, queueport
+from perdure.store import controlport, planport, port
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-_MISSING: Any = object()
 
 # result() reads the run again after these pauses (growing 1.3x between them),
 # unless a worker of this process reports the run's end first (see endings).
@@ -78,112 +77,18 @@ def blocking_twin(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     return twin
 
 
-def decode_column(run_id: str, column: str, text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return codec.decode(text)
-    except errors.InvalidPayload as exc:
-        raise errors.CorruptState(run_id, f"run_{column}_json", str(exc)) from exc
+# Defined with the run's handle; named here, where callers find them.
+RunHandle = handles.RunHandle
+run_info = handles.run_info
+decode_column = handles.decode_column
 
 
-def _opened_result(run: port.Run, opener: Callable[[Any], Any]) -> Any:
-    """A run's result, opened; a plan run's is its tasks' outputs, each sealed on its own."""
-    value = decode_column(run.run_id, "result", run.result)
-    if run.plan_digest is not None and isinstance(value, dict):
-        return {name: opener(output) for name, output in value.items()}
-    return opener(value)
-
-
-def run_info(run: port.Run, opener: Callable[[Any], Any] | None = None) -> records.RunInfo:
-    """Convert a stored run to what clients see, refusing unreadable columns.
-
-    The result is opened by ``opener`` (the app's payload layer's ``open``,
-    or its ``reveal`` for display); without one, a sealed result is given as
-    it is stored.
-    """
-    error = decode_column(run.run_id, "error", run.error)
-    if error is not None and not isinstance(error, dict):
-        raise errors.CorruptState(run.run_id, "run_error_shape", "error is not an object")
-    return records.RunInfo(
-        run_id=run.run_id,
-        workflow=run.workflow,
-        version=run.version,
-        state=run.state,
-        result=_opened_result(run, opener or _as_stored),
-        error=error,
-        attempt=run.generation,
-        failures=run.failures,
-        created_at=run.created_at,
-        updated_at=run.updated_at,
-        key=run.key,
-        parent_id=run.parent_id,
-        cancel_requested=run.cancel_requested,
-        deadline=run.deadline,
-        suspend_requested=run.suspend_requested,
-        continued_as=run.continued_as,
-        queue=run.queue,
-        queue_key=run.queue_key,
-        priority=run.priority,
-        dry_run=run.dry_run,
-    )
-
-
-def _child_id(entry: port.JournalEntry) -> str | None:
-    """Return the run id a ``child`` entry recorded, or None if its body is unreadable."""
-    try:
-        return journal.ChildStarted.decode(entry.output).run_id
-    except journal.Unreadable:
-        return None
-
-
-def _as_stored(value: Any) -> Any:
-    return value
-
-
-class RunHandle(Generic[R]):
-    """A started run whose result is an ``R``."""
-
-    def __init__(
-        self, client: Client, run_id: str, hint: Any = None, *, created: bool = True
-    ) -> None:
-        self._client = client
-        self.run_id = run_id
-        self._hint = hint
-        self.created = created
-        """False when ``start`` found the run already created under its key."""
-
-    def __repr__(self) -> str:
-        return f"RunHandle({self.run_id!r})"
-
-    def status(self) -> str:
-        """Return the run's current state."""
-        return self._client.get(self.run_id).state
-
-    def info(self) -> records.RunInfo:
-        return self._client.get(self.run_id)
-
-    def result(self, timeout: float | None = None) -> R:
-        """Wait for the run to end and return its result.
-
-        Raises:
-            errors.RunFailed: the run ended failed, canceled or needs_attention.
-            errors.ResultTimeout: it did not end within ``timeout`` seconds.
-        """
-        result: R = self._client.result(self.run_id, timeout=timeout, hint=self._hint)
-        return result
-
-    async def aresult(self, timeout: float | None = None) -> R:
-        """Async form of ``result``."""
-        result: R = await self._client.aresult(self.run_id, timeout=timeout, hint=self._hint)
-        return result
-
-
-class Client(liveclient.LiveCalls, planclient.PlanCalls):
+class Client(liveclient.LiveCalls, planclient.PlanCalls, repairs.Repairs):
     """Start, inspect and steer an app's runs through its store.
 
     The calls that talk to live runs (updates, events, streams) are
-    :class:`~perdure.liveclient.LiveCalls`'s.
+    :class:`~perdure.liveclient.LiveCalls`'s; resolve and fork are
+    :class:`~perdure.repairs.Repairs`'s.
     """
 
     def __init__(
@@ -228,7 +133,7 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
         priority: int | None = None,
         dry_run: bool = False,
         plan: planport.PlanSpec | None = None,
-    ) -> RunHandle[Any]:
+    ) -> handles.RunHandle[Any]:
         """Create a run (or return the run already created under ``key``).
 
         A key names one start: the same workflow with the same inputs. Its
@@ -252,14 +157,14 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
         """
         if key is not None:
             codec.check_text("a run key", key)
-        until = self._deadline(deadline)
-        placement = self._placement(queue, queue_key, priority)
-        if plan is not None and (until is not None or placement or dry_run):
+        until = placement.deadline(self.store, deadline)
+        placed = placement.in_queue(self.store, self.app, queue, queue_key, priority)
+        if plan is not None and (until is not None or placed or dry_run):
             raise errors.InvalidInput(
                 "a plan run takes no deadline, queue or dry run: its tasks are claimed "
                 "one by one, outside the limits made for whole runs"
             )
-        if dry_run and placement:
+        if dry_run and placed:
             raise errors.InvalidQueue(
                 "a dry run is not placed in a queue: only dry-run workers claim it, "
                 "outside every queue's limits"
@@ -276,7 +181,7 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
             input=text,
             key=key,
             deadline=until,
-            **placement,
+            **placed,
             dry_run=bool(dry_run),
             plan=plan,
         )
@@ -286,67 +191,10 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
             lineage.first(self.store, run), new, self.payloads.open_text
         ):
             raise errors.KeyConflict(str(key), run, workflow, new.dry_run)
-        return RunHandle[Any](self, run.run_id, hint, created=created)
+        return handles.RunHandle[Any](self, run.run_id, hint, created=created)
 
-    def _deadline(self, deadline: timedelta | datetime | None) -> datetime | None:
-        """Return the absolute instant of a start's ``deadline``."""
-        if deadline is None:
-            return None
-        if isinstance(deadline, timedelta):
-            if deadline <= timedelta(0):
-                raise errors.InvalidInput(
-                    f"a run deadline must be a positive duration, got {deadline}"
-                )
-            return self.store.now() + deadline
-        if isinstance(deadline, datetime):
-            if deadline.tzinfo is None or deadline.utcoffset() is None:
-                raise errors.InvalidInput(
-                    f"a run deadline must be an aware datetime, got {deadline.isoformat()}"
-                )
-            return deadline
-        raise errors.InvalidInput(
-            f"a run deadline is a timedelta or an aware datetime, got {type(deadline).__name__}"
-        )
-
-    def _placement(
-        self, queue: str | None, queue_key: str | None, priority: int | None
-    ) -> dict[str, Any]:
-        """Return a start's queue, key and priority as a run stores them, checked."""
-        if queue is None:
-            if queue_key is not None or priority is not None:
-                given = "queue_key" if queue_key is not None else "priority"
-                raise errors.InvalidQueue(
-                    f"{given} applies within a queue: pass queue= too (runs in no queue "
-                    "are claimed first come, first served)"
-                )
-            return {}
-        codec.check_text("a queue name", queue)
-        if queue_key is not None:
-            if not isinstance(queue_key, str):
-                raise errors.InvalidQueue(
-                    f"a queue key is a string, got {type(queue_key).__name__}"
-                )
-            codec.check_text("a queue key", queue_key)
-        if priority is None:
-            priority = 0
-        low, high = queueport.PRIORITY_MIN, queueport.PRIORITY_MAX
-        if type(priority) is not int or not low <= priority <= high:
-            raise errors.InvalidQueue(
-                f"a priority is a 32-bit integer (lower runs first), got {priority!r}"
-            )
-        found = (
-            self.store.get_queue(self.app, queue)
-            if isinstance(self.store, queueport.QueueStore)
-            else None
-        )
-        if found is None:
-            raise errors.UnknownQueue(
-                f"app {self.app} has no queue {queue!r}; declare it with app.queue({queue!r}, ...)"
-            )
-        return {"queue": queue, "queue_key": queue_key, "priority": priority}
-
-    def handle(self, run_id: str, hint: Any = None) -> RunHandle[Any]:
-        return RunHandle[Any](self, run_id, hint)
+    def handle(self, run_id: str, hint: Any = None) -> handles.RunHandle[Any]:
+        return handles.RunHandle[Any](self, run_id, hint)
 
     def record(self, run_id: str) -> port.Run:
         """Return the app's stored run ``run_id``.
@@ -381,7 +229,9 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
         run = self._run(run_id)
         if follow:
             run = lineage.current(self.store, run)
-        return replace(run_info(run, self.payloads.open), chain=lineage.chain_ids(self.store, run))
+        return replace(
+            handles.run_info(run, self.payloads.open), chain=lineage.chain_ids(self.store, run)
+        )
 
     def _current(self, run_id: str) -> port.Run:
         """Return the run, or the current run of its chain if it continued as new."""
@@ -389,7 +239,7 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
 
     def _current_info(self, run_id: str) -> records.RunInfo:
         """Return the information of the run's chain's current run (no chain listing)."""
-        return run_info(self._current(run_id), self.payloads.open)
+        return handles.run_info(self._current(run_id), self.payloads.open)
 
     def runs(
         self,
@@ -408,7 +258,7 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
         found = self.store.list_runs(
             self.app, state=state, workflow=workflow, limit=limit, dry_run=dry_run
         )
-        return [run_info(r, self.payloads.open) for r in found]
+        return [handles.run_info(r, self.payloads.open) for r in found]
 
     def result(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
         """Wait for the run to end; return its result or raise RunFailed."""
@@ -642,6 +492,7 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
         return controlport.require(self.store).suspend(run_id) != "already"
 
     # -- operators ------------------------------------------------------------
+    # resolve and fork, the repairs of runs, are Repairs's (repairs.py).
 
     def cancel(self, run_id: str) -> bool:
         """Cancel the run and its descendants; True if the request took effect.
@@ -650,198 +501,6 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
         """
         self._run(run_id)
         return self.store.request_cancel(run_id)
-
-    def resolve(
-        self,
-        run_id: str,
-        step: str,
-        *,
-        output: Any = _MISSING,
-        error: str | None = None,
-        note: str | None = None,
-    ) -> records.RunInfo:
-        """Settle the ambiguous step of a ``needs_attention`` run.
-
-        With ``output`` the step is recorded as succeeded and the run re-queued;
-        with ``error`` the step and the run fail.
-
-        Raises:
-            errors.NotResolvable: the run is not stopped on this step.
-        """
-        if (output is _MISSING) == (error is None):
-            raise errors.InvalidInput("resolve takes exactly one of output= or error=")
-        run = self._run(run_id)
-        if run.plan_digest is not None:
-            return self._resolve_task(run, step, output, error)
-        info = run_info(run)
-        if run.state != "needs_attention":
-            raise errors.NotResolvable(f"run {run_id} is {run.state}, not needs_attention")
-        at_fault = (info.error or {}).get("step")
-        if at_fault != step:
-            raise errors.NotResolvable(
-                f"run {run_id} is not stopped on step {step!r}"
-                + (
-                    f" (it is stopped on {at_fault!r})"
-                    if at_fault
-                    else f" ({(info.error or {}).get('code')}: nothing to resolve)"
-                )
-            )
-        entry = next(
-            (
-                e
-                for e in self.store.journal(run_id)
-                if e.kind == "step" and e.name == step and e.status == "started"
-            ),
-            None,
-        )
-        if entry is None:
-            raise errors.NotResolvable(f"step {step!r} of run {run_id} has no unsettled effect")
-        try:
-            earlier = journal.failed_attempts(entry)
-        except ValueError as exc:
-            raise errors.CorruptState(
-                run_id, "journal_attempts_shape", f"position {entry.position}: {exc}"
-            ) from exc
-        who = f"{getpass.getuser()}@{socket.gethostname()}"
-        why = f"resolved by {who}" + (f": {note}" if note else "")
-        if error is None:
-            final = port.JournalEntry(
-                entry.position,
-                "step",
-                step,
-                "ok",
-                self.payloads.seal(output, "the resolved output"),
-                journal.Attempts(earlier).encode(),
-                attempt=entry.attempt,
-            )
-            self.store.resolve(
-                run_id, run.generation, final, state="queued", error=None, note=why + " (succeeded)"
-            )
-        else:
-            final = port.JournalEntry(
-                entry.position,
-                "step",
-                step,
-                "error",
-                error=journal.StepError("Resolved", error, attempts=earlier).encode(),
-                attempt=entry.attempt,
-            )
-            run_error = codec.encode({"code": "resolved_failed", "message": error, "step": step})
-            self.store.resolve(
-                run_id,
-                run.generation,
-                final,
-                state="failed",
-                error=run_error,
-                note=why + " (failed)",
-            )
-        return self.get(run_id)
-
-    def fork(
-        self, run_id: str, from_step: str | None = None, *, live: bool = False
-    ) -> RunHandle[Any]:
-        """Start a new run of the same workflow and inputs that reuses the journal.
-
-        The new run replays the old journal up to ``from_step`` (the step's
-        key, e.g. ``charge`` or ``charge#2``), or, by default, up to the first
-        entry that did not succeed, and executes from there: the way to retry
-        a failed run after a fix.
-
-        A fork never runs a ``once`` effect again unless the caller names the
-        step to run again from: a run that is still live (queued, running or
-        waiting) is forked only from an explicit ``from_step`` before the step
-        it is executing, with ``live=True``; a run stopped on an ambiguous
-        ``once`` step is forked by default only once that step is resolved.
-
-        Raises:
-            errors.InvalidInput: the run's journal has no such step.
-            errors.RunNotFinished: the run is live, and ``from_step`` or
-                ``live=True`` is missing or the fork point is not before its
-                in-flight step.
-            errors.EffectUnsettled: the fork would run, or copy, a ``once``
-                step whose effect started and whose outcome is unknown.
-        """
-        run = self._run(run_id)
-        if run.plan_digest is not None:
-            return RunHandle[Any](self, self._fork_plan(run, from_step), None, created=True)
-        recorded = self.store.journal(run_id)
-        validation.journal(run_id, recorded)
-        # A resolve between the two reads makes the run live again: judge by both.
-        state = next(
-            (r.state for r in (run, self._run(run_id)) if r.state not in port.TERMINAL_STATES),
-            run.state,
-        )
-        live_now = state not in port.TERMINAL_STATES
-        if live_now and (from_step is None or not live):
-            raise errors.RunNotFinished(
-                run_id,
-                state,
-                f"run {run_id} is still {state}, so a fork could repeat a step the run is "
-                "running or about to run; wait until it ends, or fork from an earlier step "
-                "explicitly "
-                "(from_step=... with live=True; perdure fork --from-step STEP --live)",
-            )
-        if from_step is None:
-            cut = next((i for i, e in enumerate(recorded) if e.status != "ok"), len(recorded))
-            if cut < len(recorded) and journal.unsettled(recorded[cut]):
-                step = recorded[cut].name
-                raise errors.EffectUnsettled(
-                    run_id,
-                    step,
-                    f"step {step} of run {run_id} started its effect and its outcome is "
-                    "unknown, so a fork would run it again; resolve the step first "
-                    f"(perdure resolve {run_id} {step} --output JSON or --error MSG), or fork "
-                    "from that step or an earlier one explicitly if running it again is right",
-                )
-        else:
-            found = [i for i, e in enumerate(recorded) if e.kind == "step" and e.name == from_step]
-            if not found:
-                raise errors.InvalidInput(f"run {run_id} has no step {from_step!r} in its journal")
-            cut = found[0]
-            # The first entry that is not settled: a live run's is the step in
-            # flight, which the fork must not run or copy.
-            held = next(
-                (
-                    (i, e)
-                    for i, e in enumerate(recorded)
-                    if e.kind == "step"
-                    and e.status == "started"
-                    and (live_now or journal.unsettled(e))
-                ),
-                None,
-            )
-            if live_now and held is not None and held[0] <= cut:
-                raise errors.RunNotFinished(
-                    run_id,
-                    state,
-                    f"run {run_id} is {state} with step {held[1].name} in flight; fork from "
-                    "a step before it",
-                )
-            if held is not None and held[0] < cut:
-                step = held[1].name
-                raise errors.EffectUnsettled(
-                    run_id,
-                    step,
-                    f"step {step} of run {run_id} started its effect and its outcome is "
-                    f"unknown; fork from {step} or an earlier step, or resolve it first "
-                    f"(perdure resolve {run_id} {step} --output JSON or --error MSG)",
-                )
-        # A child whose result is not copied would report to the old parent, so
-        # the fork starts its own child from that position.
-        results = {e.name for e in recorded[:cut] if e.kind == "child_result"}
-        for i, entry in enumerate(recorded[:cut]):
-            if entry.kind == "child" and _child_id(entry) not in results:
-                cut = i
-                break
-        new = port.NewRun(
-            run_id=uuid.uuid4().hex,
-            app=self.app,
-            workflow=run.workflow,
-            version=run.version,
-            input=telemetry.with_trace(run.input, self.telemetry.trace_context()),
-        )
-        self.store.create_run(new, recorded[:cut])
-        return RunHandle[Any](self, new.run_id)
 
     # -- overview ---------------------------------------------------------------
 
@@ -870,7 +529,7 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
     aget = athread(get)
     _acurrent_info = athread(_current_info)
     aattempts = athread(attempts)
-    afork = athread(fork)
+    afork = athread(repairs.Repairs.fork)
     aruns = athread(runs)
     achildren = athread(children)
     ahistory = athread(history)
@@ -880,7 +539,7 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls):
     aresume = athread(resume)
     asuspend = athread(suspend)
     acancel = athread(cancel)
-    aresolve = athread(resolve)
+    aresolve = athread(repairs.Repairs.resolve)
     # These wait for announcements on a listener thread.
     aupdate = blocking_twin(liveclient.LiveCalls.update)
     aevents = blocking_twin(liveclient.LiveCalls.events)

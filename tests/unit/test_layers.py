@@ -79,6 +79,9 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.liveclient",
             "perdure.planclient",
             "perdure.lineage",
+            "perdure.handles",
+            "perdure.repairs",
+            "perdure.placement",
         },
     },
     {
@@ -116,7 +119,16 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.warmslots",
         }
     },
-    {"app": {"perdure.app", "perdure.timetable", "perdure.queues"}},
+    {
+        "app": {
+            "perdure.app",
+            "perdure.timetable",
+            "perdure.queues",
+            "perdure.appsteps",
+            "perdure.appmigrations",
+            "perdure.applive",
+        }
+    },
     {"demo": {"perdure.demo"}, "testing": {"perdure.testing"}},
     # The console command serves the web package: web sits below the command line.
     {"web": {"perdure.web"}},
