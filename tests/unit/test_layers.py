@@ -38,6 +38,7 @@ LAYERS: list[dict[str, set[str]]] = [
     {
         "port": {
             "perdure.store.port",
+            "perdure.store.records",
             "perdure.store.tokens",
             "perdure.store.pages",
             "perdure.store.retention",
