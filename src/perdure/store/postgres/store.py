@@ -39,6 +39,7 @@ from perdure.store import (
     appschema,
     census,
     chaining,
+    claiming,
     control,
     ledger,
     live,
@@ -52,6 +53,7 @@ from perdure.store import (
     scheduling,
     sqlfiles,
     surface,
+    waiting,
 )
 from perdure.store.postgres import connection, listener
 
@@ -88,6 +90,8 @@ class PostgresStore(
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],
     owners.OwnerTransitions[Cursor],
+    claiming.ClaimTransitions[Cursor],
+    waiting.WaitTransitions[Cursor],
 ):
     """The port on PostgreSQL (see the module docstring)."""
 
