@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 from perdure import errors
-from perdure.store import ledger, planport, port, rows
+from perdure.store import batches, ledger, planport, port, rows
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -124,7 +124,7 @@ class Transitions(abc.ABC, Generic[C]):
     def _append(self, cur: C, receipts: Sequence[ledger.Receipt]) -> None:
         """Append numbered receipts; each run keeps as many as its own ``ledger_limit``."""
         if receipts:
-            batch = self._batch(rows.arrays(receipts, rows.RECEIPT_ARRAYS))
+            batch = self._batch(batches.arrays(receipts, batches.RECEIPT_ARRAYS))
             self._exec(cur, "ledger_append", **batch)
 
     def _append_marks(
@@ -138,7 +138,7 @@ class Transitions(abc.ABC, Generic[C]):
         """Write entries, replacing a stored entry only while it is ``started``."""
         if not entries:
             return
-        batch = self._batch(rows.arrays(entries, rows.ENTRY_ARRAYS))
+        batch = self._batch(batches.arrays(entries, batches.ENTRY_ARRAYS))
         written = self._exec(cur, "journal_put", run_id=run_id, **batch).fetchall()
         taken = sorted({e.position for e in entries} - {row["position"] for row in written})
         if taken:
@@ -242,7 +242,7 @@ class Transitions(abc.ABC, Generic[C]):
                 return self.read.run(row), True
             found = None
             if new.key is not None:
-                keys = self._batch(rows.arrays([new], rows.KEY_ARRAYS))
+                keys = self._batch(batches.arrays([new], batches.KEY_ARRAYS))
                 found = self._exec(cur, "runs_by_key", **keys).fetchone()
             if found is None:
                 raise errors.InvalidInput(f"run id {new.run_id!r} is already taken")
@@ -253,8 +253,8 @@ class Transitions(abc.ABC, Generic[C]):
     def create_children(self, claim: port.Claim, children: Sequence[port.NewRun]) -> list[port.Run]:
         """Create the claimed run's children in one statement (fenced)."""
         rows.check_children(claim.run_id, children)
-        batch = self._batch(rows.arrays(children, rows.CHILD_ARRAYS))
-        keys = self._batch(rows.arrays(children, rows.KEY_ARRAYS))
+        batch = self._batch(batches.arrays(children, batches.CHILD_ARRAYS))
+        keys = self._batch(batches.arrays(children, batches.KEY_ARRAYS))
 
         def work(cur: C) -> list[port.Run]:
             self._fenced(cur, "fence_touch", claim, claim.canceling, receipts=0)
@@ -383,7 +383,7 @@ class Transitions(abc.ABC, Generic[C]):
         entries = rows.checked_entries(claim.run_id, entries)
         marks = ledger.checked_marks(marks)
         rows.check_wait_kinds(waits, claim.run_id)
-        batch = self._batch(rows.arrays(waits, rows.WAIT_ARRAYS))
+        batch = self._batch(batches.arrays(waits, batches.WAIT_ARRAYS))
         ready_at = rows.ready_at(waits, wake_at)
 
         def work(cur: C) -> bool:

@@ -37,6 +37,7 @@ import psycopg.errors
 from perdure import errors
 from perdure.store import (
     appschema,
+    batches,
     census,
     chaining,
     claiming,
@@ -283,7 +284,7 @@ class PostgresStore(
             "reset": fence == "fence_step",
             "receipts": len(marks),
             "entries": len(entries),
-            **rows.arrays(entries, rows.ENTRY_ARRAYS),
+            **batches.arrays(entries, batches.ENTRY_ARRAYS),
             "mark_kinds": [m.kind for m in marks],
             "mark_steps": [m.step for m in marks],
             "mark_digests": [m.digest for m in marks],
