@@ -9,8 +9,7 @@ its rows hold instants and flags (``read``), and the operations its backend
 does its own way (migrate, create_run, create_children, claim, the journal
 writes of a step, transaction_step, counting swept records). Claims
 (:mod:`perdure.store.claiming`), deliveries to waiting runs
-(:mod:`perdure.store.waiting`) and each section of the port are mixins over
-:class:`Transitions` that an adapter composes.
+(:mod:`perdure.store.waiting`) and the port's sections are mixins over it.
 
 Rows become records through :mod:`perdure.store.rows`; receipts are numbered
 by :mod:`perdure.store.ledger`.
