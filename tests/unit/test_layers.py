@@ -6,9 +6,9 @@ against the table below. A module belongs to a group by its name; the
 engine's groups are stacked in layers, and a module may import its own group
 or a group of a lower layer, never a sibling group of its own layer nor
 anything above. The store adapters stand to the side: ``perdure.store.*``
-other than ``port`` and ``rows`` is adapter code, which only ``perdure.store``
-(``open_store``) and the test kit may import, and which imports nothing of
-the engine.
+other than ``port`` and ``rows`` (with ``batches``) is adapter code, which
+only ``perdure.store`` (``open_store``) and the test kit may import, and
+which imports nothing of the engine.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ LAYERS: list[dict[str, set[str]]] = [
     {
         "port": {
             "perdure.store.port",
+            "perdure.store.records",
             "perdure.store.tokens",
             "perdure.store.pages",
             "perdure.store.retention",
@@ -153,6 +154,9 @@ SIDE_IMPORTERS: dict[str, set[str]] = {
     "adapter": {"testing"},
 }
 
+# Rows read into records, and records into query parameters: every adapter's, no adapter's own.
+ROWS = {"perdure.store.rows", "perdure.store.batches"}
+
 RANK = {group: rank for rank, layer in enumerate(LAYERS) for group in layer}
 
 
@@ -164,7 +168,7 @@ def group_of(module: str) -> str:
                 return group
     if module == "perdure.store":
         return "store"
-    if module == "perdure.store.rows":
+    if module in ROWS:
         return "rows"
     if module.startswith("perdure.store."):
         return "adapter"
@@ -289,5 +293,6 @@ def test_new_modules_land_in_their_layers() -> None:
     assert group_of("perdure.store.sqlite.store") == "adapter"
     assert group_of("perdure.store.postgres.connection") == "adapter"
     assert group_of("perdure.store.rows") == "rows"
+    assert group_of("perdure.store.batches") == "rows"
     assert group_of("perdure.testing.conformance.claims") == "testing"
     assert group_of("perdure.cli.runs") == "cli"

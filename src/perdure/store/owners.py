@@ -12,12 +12,12 @@ from datetime import datetime
 from typing import TypeVar
 
 from perdure import errors
-from perdure.store import ownerport, port, transitions
+from perdure.store import claiming, ownerport, port, transitions
 
 C = TypeVar("C")
 
 
-class OwnerTransitions(transitions.Transitions[C]):
+class OwnerTransitions(claiming.ClaimTransitions[C]):
     """App owners, shared by the SQL adapters."""
 
     def own(

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar, cast
 
 from perdure import errors
-from perdure.store import ledger, planport, port, rows, transitions
+from perdure.store import claiming, ledger, planport, port, rows, transitions
 
 C = TypeVar("C")
 Row = rows.Row
@@ -102,7 +102,7 @@ def _error(code: str, message: str, **extra: Any) -> str:
     return json.dumps({"code": code, "message": message, **extra})
 
 
-class PlanTransitions(transitions.Transitions[C]):
+class PlanTransitions(claiming.ClaimTransitions[C]):
     """The task operations shared by the SQL adapters; ``C`` is the adapter's cursor."""
 
     # -- hooks of the run transitions ---------------------------------------------

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from perdure.store import ledger, port, queueport, transitions
+from perdure.store import claiming, ledger, port, queueport
 
 C = TypeVar("C")
 
@@ -33,7 +33,7 @@ _SPARE = 16
 _NO_QUEUES_FOR = 1.0
 
 
-class QueueTransitions(transitions.Transitions[C]):
+class QueueTransitions(claiming.ClaimTransitions[C]):
     """Queue rows and queue claims, shared by the SQL adapters."""
 
     # App -> monotonic instant until which it is known to have no queue.

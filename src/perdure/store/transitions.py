@@ -7,7 +7,9 @@ supplies what only it knows: how a query runs (``_exec``), how work becomes a
 transaction (``_transact``), how ready runs are announced (``_notify``), how
 its rows hold instants and flags (``read``), and the operations its backend
 does its own way (migrate, create_run, create_children, claim, the journal
-writes of a step, transaction_step, counting swept records).
+writes of a step, transaction_step, counting swept records). Claims
+(:mod:`perdure.store.claiming`), deliveries to waiting runs
+(:mod:`perdure.store.waiting`) and the port's sections are mixins over it.
 
 Rows become records through :mod:`perdure.store.rows`; receipts are numbered
 by :mod:`perdure.store.ledger`.
@@ -16,14 +18,12 @@ by :mod:`perdure.store.ledger`.
 from __future__ import annotations
 
 import abc
-import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 from perdure import errors
-from perdure.store import ledger, planport, port, rows
+from perdure.store import batches, ledger, planport, port, rows
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -83,24 +83,6 @@ class Transitions(abc.ABC, Generic[C]):
         """Announce, once this transaction commits, that runs of ``apps`` became ready."""
 
     @abc.abstractmethod
-    def _claim(
-        self,
-        cur: C,
-        app: str,
-        worker: str,
-        workflows: Sequence[tuple[str, str]],
-        ttl: float,
-        limit: int,
-        recover_until: datetime | None,
-        dry_run: bool = False,
-    ) -> list[port.Claimed]:
-        """Claim up to ``limit`` ready runs in this transaction, setting corrupt ones aside.
-
-        A lapsed run is recovered only if the transaction's instant is at or
-        before ``recover_until`` (None: never), judged inside the claim.
-        """
-
-    @abc.abstractmethod
     def _record(
         self,
         claim: port.Claim,
@@ -141,7 +123,7 @@ class Transitions(abc.ABC, Generic[C]):
     def _append(self, cur: C, receipts: Sequence[ledger.Receipt]) -> None:
         """Append numbered receipts; each run keeps as many as its own ``ledger_limit``."""
         if receipts:
-            batch = self._batch(rows.arrays(receipts, rows.RECEIPT_ARRAYS))
+            batch = self._batch(batches.arrays(receipts, batches.RECEIPT_ARRAYS))
             self._exec(cur, "ledger_append", **batch)
 
     def _append_marks(
@@ -155,7 +137,7 @@ class Transitions(abc.ABC, Generic[C]):
         """Write entries, replacing a stored entry only while it is ``started``."""
         if not entries:
             return
-        batch = self._batch(rows.arrays(entries, rows.ENTRY_ARRAYS))
+        batch = self._batch(batches.arrays(entries, batches.ENTRY_ARRAYS))
         written = self._exec(cur, "journal_put", run_id=run_id, **batch).fetchall()
         taken = sorted({e.position for e in entries} - {row["position"] for row in written})
         if taken:
@@ -259,7 +241,7 @@ class Transitions(abc.ABC, Generic[C]):
                 return self.read.run(row), True
             found = None
             if new.key is not None:
-                keys = self._batch(rows.arrays([new], rows.KEY_ARRAYS))
+                keys = self._batch(batches.arrays([new], batches.KEY_ARRAYS))
                 found = self._exec(cur, "runs_by_key", **keys).fetchone()
             if found is None:
                 raise errors.InvalidInput(f"run id {new.run_id!r} is already taken")
@@ -270,8 +252,8 @@ class Transitions(abc.ABC, Generic[C]):
     def create_children(self, claim: port.Claim, children: Sequence[port.NewRun]) -> list[port.Run]:
         """Create the claimed run's children in one statement (fenced)."""
         rows.check_children(claim.run_id, children)
-        batch = self._batch(rows.arrays(children, rows.CHILD_ARRAYS))
-        keys = self._batch(rows.arrays(children, rows.KEY_ARRAYS))
+        batch = self._batch(batches.arrays(children, batches.CHILD_ARRAYS))
+        keys = self._batch(batches.arrays(children, batches.KEY_ARRAYS))
 
         def work(cur: C) -> list[port.Run]:
             self._fenced(cur, "fence_touch", claim, claim.canceling, receipts=0)
@@ -362,139 +344,6 @@ class Transitions(abc.ABC, Generic[C]):
         )
         return [self.read.receipt(row) for row in found]
 
-    # -- claims ---------------------------------------------------------------------
-
-    def claim(
-        self,
-        app: str,
-        worker: str,
-        workflows: Sequence[tuple[str, str]],
-        *,
-        lease_ttl: float,
-        limit: int = 1,
-        recover_until: datetime | None = port.RECOVER_ANY,
-        dry_run: bool = False,
-    ) -> list[port.Claimed]:
-        """Claim up to ``limit`` ready runs; a run whose rows fail validation is set aside.
-
-        Lapsed runs are recovered only if the transaction's instant is at or
-        before ``recover_until`` (None: never).
-        """
-        ttl = seconds(lease_ttl, "lease_ttl", positive=True)
-        if recover_until is not None and recover_until.tzinfo is None:
-            raise errors.InvalidInput("recover_until must be an aware datetime")
-        if limit < 1 or not workflows:
-            return []
-        return self._transact(
-            lambda cur: self._claim_all(
-                cur, app, worker, workflows, ttl, limit, recover_until, dry_run
-            )
-        )
-
-    _claims_made = 0
-
-    def _claim_all(
-        self,
-        cur: C,
-        app: str,
-        worker: str,
-        workflows: Sequence[tuple[str, str]],
-        ttl: float,
-        limit: int,
-        recover_until: datetime | None,
-        dry_run: bool,
-    ) -> list[port.Claimed]:
-        """Claim runs in no queue and runs in queues, in one transaction.
-
-        A dry run is never placed in a queue, so a dry-run claim looks at
-        runs in no queue only.
-        """
-        if dry_run:
-            return self._claim(cur, app, worker, workflows, ttl, limit, recover_until, dry_run=True)
-        self._claims_made += 1
-        queued_first = self._claims_made % 2 == 0
-        # Runs in queues and the others take turns to go first, so that
-        # neither kind starves the other of a busy worker's slots.
-        claimed = []
-        if queued_first:
-            claimed += self._claim_queued(cur, app, worker, workflows, ttl, limit)
-        if len(claimed) < limit:
-            left = limit - len(claimed)
-            claimed += self._claim(cur, app, worker, workflows, ttl, left, recover_until)
-        if not queued_first and len(claimed) < limit:
-            left = limit - len(claimed)
-            claimed += self._claim_queued(cur, app, worker, workflows, ttl, left)
-        return claimed
-
-    def _claim_queued(
-        self,
-        cur: C,
-        app: str,
-        worker: str,
-        workflows: Sequence[tuple[str, str]],
-        ttl: float,
-        limit: int,
-    ) -> list[port.Claimed]:
-        """Claim runs in queues, as their limits admit (a store without queues has none)."""
-        return []
-
-    def _quarantine(self, cur: C, run_id: str, exc: errors.CorruptState) -> None:
-        """Make an unreadable run needs_attention (and say so in its ledger)."""
-        error = {"code": exc.code, "message": str(exc), "invariant": exc.invariant}
-        row = self._exec(cur, "quarantine", run_id=run_id, error=json.dumps(error)).fetchone()
-        # A sequence that was already broken gets no receipt: numbering one
-        # from it would only add another broken row.
-        if row is None or not isinstance(row["ledger_sequence"], int) or row["ledger_sequence"] < 1:
-            return
-        generation = row["generation"] if isinstance(row["generation"], int) else 0
-        note = f"set aside: {exc.invariant}"
-        receipt = ledger.Receipt(
-            run_id, row["ledger_sequence"], "finished", max(0, generation), None, note=note
-        )
-        self._append(cur, [receipt])
-
-    def _claimed(self, cur: C, found: Sequence[tuple[port.Run, bool]]) -> list[port.Claimed]:
-        """Return the claims of runs just claimed, each ``(run, recovered)``, with their records."""
-        run_ids = [run.run_id for run, _ in found]
-        journals: dict[str, list[port.JournalEntry]] = {}
-        for row in self._exec(cur, "journals", run_ids=run_ids).fetchall():
-            journals.setdefault(row["run_id"], []).append(self.read.entry(row))
-        outcomes: dict[str, list[port.Outcome]] = {}
-        for row in self._exec(cur, "outcomes_of_runs", run_ids=run_ids).fetchall():
-            outcomes.setdefault(row["run_id"], []).append(self.read.outcome(row))
-        result = []
-        for run, recovered in found:
-            assert run.worker is not None and run.lease_expires_at is not None
-            claim = port.Claim(run.run_id, run.worker, run.generation, run.lease_expires_at)
-            journal, settled = journals.get(run.run_id, []), outcomes.get(run.run_id, [])
-            result.append(port.Claimed(claim, run, journal, settled, recovered))
-        return result
-
-    def renew(self, claim: port.Claim, *, lease_ttl: float) -> port.Claim:
-        """Extend the lease to now + ``lease_ttl`` (fenced)."""
-        ttl = seconds(lease_ttl, "lease_ttl", positive=True)
-
-        def work(cur: C) -> port.Claim:
-            row = self._fenced(cur, "renew", claim, claim.canceling, lease_ttl=ttl)
-            expires = self.read.instant(row, "lease_expires_at")
-            return replace(claim, lease_expires_at=expires)
-
-        return self._transact(work)
-
-    def release(
-        self, claim: port.Claim, *, delay: float, failed: bool, marks: Sequence[port.Mark] = ()
-    ) -> None:
-        """Give the run back as queued, claimable after ``delay`` seconds (fenced)."""
-        receipts = [*ledger.checked_marks(marks), port.Mark("released")]
-        params = {"delay": seconds(delay, "delay"), "failed": failed, "receipts": len(receipts)}
-
-        def work(cur: C) -> None:
-            row = self._fenced(cur, "release", claim, claim.canceling, **params)
-            self._append_marks(cur, claim, row["ledger_sequence"], receipts)
-            self._notify(cur, [row["app"]])
-
-        self._transact(work)
-
     # -- journal --------------------------------------------------------------------
 
     def begin_effect(
@@ -533,7 +382,7 @@ class Transitions(abc.ABC, Generic[C]):
         entries = rows.checked_entries(claim.run_id, entries)
         marks = ledger.checked_marks(marks)
         rows.check_wait_kinds(waits, claim.run_id)
-        batch = self._batch(rows.arrays(waits, rows.WAIT_ARRAYS))
+        batch = self._batch(batches.arrays(waits, batches.WAIT_ARRAYS))
         ready_at = rows.ready_at(waits, wake_at)
 
         def work(cur: C) -> bool:
@@ -583,79 +432,6 @@ class Transitions(abc.ABC, Generic[C]):
                 self._end_runs(cur, [row])
 
         self._transact(work)
-
-    # -- waits, outcomes, channels --------------------------------------------------
-
-    def settle_wait(
-        self, run_id: str, name: str, outcome: port.Outcome
-    ) -> tuple[port.Outcome, bool]:
-        """Create the wait's outcome record if none exists, and wake the run if it waits."""
-        rows.check_outcome_kind(outcome.outcome)
-        params = {
-            "run_id": run_id,
-            "name": name,
-            "outcome": outcome.outcome,
-            "signal_id": outcome.signal_id,
-            "payload": outcome.payload,
-            "payload_digest": outcome.payload_digest,
-        }
-
-        def work(cur: C) -> tuple[port.Outcome, bool]:
-            run = self._lock_live(cur, run_id)  # orders this delivery with a concurrent park
-            created = self._exec(cur, "outcome_put", **params).fetchone()
-            if created is None:
-                stored = self._exec(cur, "outcome_get", run_id=run_id, name=name).fetchone()
-                if stored is None:
-                    raise rows.corrupt(run_id, "outcome_missing", f"wait {name!r}")
-                return self.read.outcome(stored), False
-            if run.state == "waiting":
-                self._wake(cur, [run_id])
-            return self.read.outcome(created), True
-
-        return self._transact(work)
-
-    def outcomes(self, run_id: str) -> list[port.Outcome]:
-        """Return every outcome record of the run."""
-        found = self._transact(
-            lambda cur: self._exec(cur, "outcomes", run_id=run_id).fetchall(), single=True
-        )
-        return [self.read.outcome(r) for r in found]
-
-    def waits(self, app: str, run_id: str | None = None) -> list[port.WaitRecord]:
-        """Return the registered waits that have no outcome, oldest first."""
-        query = "waits_of_app" if run_id is None else "waits_of_run"
-        found = self._transact(
-            lambda cur: self._exec(cur, query, app=app, run_id=run_id).fetchall(), single=True
-        )
-        return [self.read.wait(r) for r in found]
-
-    def wake(self, run_id: str) -> bool:
-        """Make a waiting run queued; False if it was not waiting."""
-        return bool(self._transact(lambda cur: self._wake(cur, [run_id])))
-
-    def send(self, message: port.NewMessage) -> bool:
-        """Store a channel message unless its key exists; wake the run if it waits on it."""
-        params = vars(message)
-
-        def work(cur: C) -> bool:
-            run = self._lock_live(cur, message.run_id)
-            if self._exec(cur, "message_put", **params).fetchone() is None:
-                return False
-            self._exec(cur, "message_counted", run_id=message.run_id)
-            if run.state == "waiting":
-                parked = {"run_id": message.run_id, "kind": "channel", "name": message.channel}
-                self._woken(cur, self._exec(cur, "wake_on_wait", **parked).fetchall())
-            return True
-
-        return self._transact(work)
-
-    def next_message(self, run_id: str, channel: str, after_sequence: int) -> port.Message | None:
-        """Return the run's first message on ``channel`` after ``after_sequence``."""
-        params = {"run_id": run_id, "channel": channel, "after_sequence": after_sequence}
-        row = self._transact(
-            lambda cur: self._exec(cur, "next_message", **params).fetchone(), single=True
-        )
-        return None if row is None else self.read.message(row)
 
     # -- operators ------------------------------------------------------------------
 

@@ -37,8 +37,10 @@ import psycopg.errors
 from perdure import errors
 from perdure.store import (
     appschema,
+    batches,
     census,
     chaining,
+    claiming,
     control,
     ledger,
     live,
@@ -52,6 +54,7 @@ from perdure.store import (
     scheduling,
     sqlfiles,
     surface,
+    waiting,
 )
 from perdure.store.postgres import connection, listener
 
@@ -88,6 +91,8 @@ class PostgresStore(
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],
     owners.OwnerTransitions[Cursor],
+    claiming.ClaimTransitions[Cursor],
+    waiting.WaitTransitions[Cursor],
 ):
     """The port on PostgreSQL (see the module docstring)."""
 
@@ -279,7 +284,7 @@ class PostgresStore(
             "reset": fence == "fence_step",
             "receipts": len(marks),
             "entries": len(entries),
-            **rows.arrays(entries, rows.ENTRY_ARRAYS),
+            **batches.arrays(entries, batches.ENTRY_ARRAYS),
             "mark_kinds": [m.kind for m in marks],
             "mark_steps": [m.step for m in marks],
             "mark_digests": [m.digest for m in marks],

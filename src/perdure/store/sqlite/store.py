@@ -31,6 +31,7 @@ from perdure.store import (
     appschema,
     census,
     chaining,
+    claiming,
     control,
     ledger,
     live,
@@ -44,6 +45,7 @@ from perdure.store import (
     scheduling,
     sqlfiles,
     surface,
+    waiting,
 )
 from perdure.store.sqlite import connection, wakeup
 
@@ -76,6 +78,8 @@ class SqliteStore(
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],
     owners.OwnerTransitions[Cursor],
+    claiming.ClaimTransitions[Cursor],
+    waiting.WaitTransitions[Cursor],
 ):
     """A :class:`port.Store` on one SQLite database file."""
 

@@ -1,0 +1,182 @@
+"""Claims written once over named queries, for every SQL adapter: who may write for which run.
+
+:class:`ClaimTransitions` adds ``claim``, ``renew`` and ``release`` to
+:class:`perdure.store.transitions.Transitions`. A claim takes runs in no queue
+through the adapter's own ``_claim`` (which steps over runs in queues) and runs
+in queues through :meth:`ClaimTransitions._claim_queued` (the queues section,
+:mod:`perdure.store.queueing`, fills it in), in one transaction; the owners
+section's ``claim_owned`` makes the same claim behind the app's owner record.
+A run whose rows fail validation is set aside (``_quarantine``), here and in
+the plans section's claims of tasks, instead of being handed out.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import TypeVar
+
+from perdure import errors
+from perdure.store import ledger, port, transitions
+
+C = TypeVar("C")
+
+
+class ClaimTransitions(transitions.Transitions[C]):
+    """Claims of runs and the lease they hold, shared by the SQL adapters; ``C`` is the cursor."""
+
+    @abc.abstractmethod
+    def _claim(
+        self,
+        cur: C,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+        recover_until: datetime | None,
+        dry_run: bool = False,
+    ) -> list[port.Claimed]:
+        """Claim up to ``limit`` ready runs in this transaction, setting corrupt ones aside.
+
+        A lapsed run is recovered only if the transaction's instant is at or
+        before ``recover_until`` (None: never), judged inside the claim.
+        """
+
+    def claim(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        *,
+        lease_ttl: float,
+        limit: int = 1,
+        recover_until: datetime | None = port.RECOVER_ANY,
+        dry_run: bool = False,
+    ) -> list[port.Claimed]:
+        """Claim up to ``limit`` ready runs; a run whose rows fail validation is set aside.
+
+        Lapsed runs are recovered only if the transaction's instant is at or
+        before ``recover_until`` (None: never).
+        """
+        ttl = transitions.seconds(lease_ttl, "lease_ttl", positive=True)
+        if recover_until is not None and recover_until.tzinfo is None:
+            raise errors.InvalidInput("recover_until must be an aware datetime")
+        if limit < 1 or not workflows:
+            return []
+        return self._transact(
+            lambda cur: self._claim_all(
+                cur, app, worker, workflows, ttl, limit, recover_until, dry_run
+            )
+        )
+
+    _claims_made = 0
+
+    def _claim_all(
+        self,
+        cur: C,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+        recover_until: datetime | None,
+        dry_run: bool,
+    ) -> list[port.Claimed]:
+        """Claim runs in no queue and runs in queues, in one transaction.
+
+        A dry run is never placed in a queue, so a dry-run claim looks at
+        runs in no queue only.
+        """
+        if dry_run:
+            return self._claim(cur, app, worker, workflows, ttl, limit, recover_until, dry_run=True)
+        self._claims_made += 1
+        queued_first = self._claims_made % 2 == 0
+        # Runs in queues and the others take turns to go first, so that
+        # neither kind starves the other of a busy worker's slots.
+        claimed = []
+        if queued_first:
+            claimed += self._claim_queued(cur, app, worker, workflows, ttl, limit)
+        if len(claimed) < limit:
+            left = limit - len(claimed)
+            claimed += self._claim(cur, app, worker, workflows, ttl, left, recover_until)
+        if not queued_first and len(claimed) < limit:
+            left = limit - len(claimed)
+            claimed += self._claim_queued(cur, app, worker, workflows, ttl, left)
+        return claimed
+
+    def _claim_queued(
+        self,
+        cur: C,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+    ) -> list[port.Claimed]:
+        """Claim runs in queues, as their limits admit (a store without queues has none)."""
+        return []
+
+    def _quarantine(self, cur: C, run_id: str, exc: errors.CorruptState) -> None:
+        """Make an unreadable run needs_attention (and say so in its ledger)."""
+        error = {"code": exc.code, "message": str(exc), "invariant": exc.invariant}
+        row = self._exec(cur, "quarantine", run_id=run_id, error=json.dumps(error)).fetchone()
+        # A sequence that was already broken gets no receipt: numbering one
+        # from it would only add another broken row.
+        if row is None or not isinstance(row["ledger_sequence"], int) or row["ledger_sequence"] < 1:
+            return
+        generation = row["generation"] if isinstance(row["generation"], int) else 0
+        note = f"set aside: {exc.invariant}"
+        receipt = ledger.Receipt(
+            run_id, row["ledger_sequence"], "finished", max(0, generation), None, note=note
+        )
+        self._append(cur, [receipt])
+
+    def _claimed(self, cur: C, found: Sequence[tuple[port.Run, bool]]) -> list[port.Claimed]:
+        """Return the claims of runs just claimed, each ``(run, recovered)``, with their records."""
+        run_ids = [run.run_id for run, _ in found]
+        journals: dict[str, list[port.JournalEntry]] = {}
+        for row in self._exec(cur, "journals", run_ids=run_ids).fetchall():
+            journals.setdefault(row["run_id"], []).append(self.read.entry(row))
+        outcomes: dict[str, list[port.Outcome]] = {}
+        for row in self._exec(cur, "outcomes_of_runs", run_ids=run_ids).fetchall():
+            outcomes.setdefault(row["run_id"], []).append(self.read.outcome(row))
+        result = []
+        for run, recovered in found:
+            assert run.worker is not None and run.lease_expires_at is not None
+            claim = port.Claim(run.run_id, run.worker, run.generation, run.lease_expires_at)
+            journal, settled = journals.get(run.run_id, []), outcomes.get(run.run_id, [])
+            result.append(port.Claimed(claim, run, journal, settled, recovered))
+        return result
+
+    def renew(self, claim: port.Claim, *, lease_ttl: float) -> port.Claim:
+        """Extend the lease to now + ``lease_ttl`` (fenced)."""
+        ttl = transitions.seconds(lease_ttl, "lease_ttl", positive=True)
+
+        def work(cur: C) -> port.Claim:
+            row = self._fenced(cur, "renew", claim, claim.canceling, lease_ttl=ttl)
+            expires = self.read.instant(row, "lease_expires_at")
+            return replace(claim, lease_expires_at=expires)
+
+        return self._transact(work)
+
+    def release(
+        self, claim: port.Claim, *, delay: float, failed: bool, marks: Sequence[port.Mark] = ()
+    ) -> None:
+        """Give the run back as queued, claimable after ``delay`` seconds (fenced)."""
+        receipts = [*ledger.checked_marks(marks), port.Mark("released")]
+        params = {
+            "delay": transitions.seconds(delay, "delay"),
+            "failed": failed,
+            "receipts": len(receipts),
+        }
+
+        def work(cur: C) -> None:
+            row = self._fenced(cur, "release", claim, claim.canceling, **params)
+            self._append_marks(cur, claim, row["ledger_sequence"], receipts)
+            self._notify(cur, [row["app"]])
+
+        self._transact(work)
