@@ -84,7 +84,10 @@ class LiveCalls:
         store = liveport.require(self.store)
         deadline = _deadline(timeout)
         run = self._run(run_id)
-        if update_id is not None:
+        # An update_id already stored is answered from the store, and its
+        # validator does not run again. With no validator, the delivery itself
+        # finds a stored id (and says so), which spares a read before it.
+        if update_id is not None and (validator is not None or run.state in port.TERMINAL_STATES):
             stored = store.get_update(run_id, update_id)
             if stored is not None:
                 return self._answer(store, run_id, name, stored.update_id, deadline, timeout)
@@ -99,13 +102,22 @@ class LiveCalls:
                 raise errors.UpdateRejected(run_id, name, reason) from None
         text = self.payloads.seal_text(plain, "the update's payload")
         new = liveport.NewUpdate(run_id, update_id or uuid.uuid4().hex, name, text)
-        try:
-            stored, _ = store.deliver_update(new)
-        except errors.RunFinished:
-            # The run ended after it was read; a sender before us may have got in.
-            if update_id is None or store.get_update(run_id, update_id) is None:
-                raise
-        return self._answer(store, run_id, name, new.update_id, deadline, timeout)
+        # Watching from before the delivery, no answer can slip in unseen
+        # between it and the first look at the update.
+        with store.watch() as watch:
+            delivered: liveport.UpdateRecord | None = None
+            try:
+                delivered, created = store.deliver_update(new)
+            except errors.RunFinished:
+                # The run ended after it was read; a sender before us may have got in.
+                if update_id is None or store.get_update(run_id, update_id) is None:
+                    raise
+            else:
+                if not created:
+                    delivered = None  # stored before: read it afresh, it may be answered
+            return self._await_answer(
+                store, watch, run_id, name, new.update_id, deadline, timeout, delivered
+            )
 
     def _answer(
         self,
@@ -118,31 +130,50 @@ class LiveCalls:
     ) -> Any:
         """Wait for the stored update's answer (or its abandonment) and return it."""
         with store.watch() as watch:
-            while True:
-                found = store.get_update(run_id, update_id)
-                if found is None:
-                    raise errors.CorruptState(run_id, "update_state", f"update {update_id} is gone")
-                if found.name != name:
-                    raise errors.InvalidInput(
-                        f"update id {update_id!r} of run {run_id} was sent as {found.name!r}, "
-                        f"not {name!r}"
-                    )
-                if found.state == "answered":
-                    try:
-                        return self.payloads.open_text(found.response)
-                    except errors.PayloadUnreadable:
-                        raise
-                    except errors.InvalidPayload as exc:
-                        raise errors.CorruptState(run_id, "update_response", str(exc)) from exc
-                if found.state == "abandoned":
-                    ended = self._run(run_id).state
-                    raise errors.UpdateAbandoned(run_id, update_id, ended)
-                left = _left(deadline)
-                if left <= 0:
-                    raise errors.UpdateTimedOut(
-                        f"run {run_id} did not answer update {update_id!r} within {timeout}s"
-                    )
-                watch.wait(left)
+            return self._await_answer(store, watch, run_id, name, update_id, deadline, timeout)
+
+    def _await_answer(
+        self,
+        store: liveport.LiveStore,
+        watch: liveport.Watch,
+        run_id: str,
+        name: str,
+        update_id: str,
+        deadline: float | None,
+        timeout: float | None,
+        delivered: liveport.UpdateRecord | None = None,
+    ) -> Any:
+        """Look at the update until it is answered or abandoned, woken by ``watch``.
+
+        ``delivered`` is the record this call just stored under ``watch``,
+        still pending: the first look need not read it again.
+        """
+        while True:
+            found = delivered or store.get_update(run_id, update_id)
+            delivered = None
+            if found is None:
+                raise errors.CorruptState(run_id, "update_state", f"update {update_id} is gone")
+            if found.name != name:
+                raise errors.InvalidInput(
+                    f"update id {update_id!r} of run {run_id} was sent as {found.name!r}, "
+                    f"not {name!r}"
+                )
+            if found.state == "answered":
+                try:
+                    return self.payloads.open_text(found.response)
+                except errors.PayloadUnreadable:
+                    raise
+                except errors.InvalidPayload as exc:
+                    raise errors.CorruptState(run_id, "update_response", str(exc)) from exc
+            if found.state == "abandoned":
+                ended = self._run(run_id).state
+                raise errors.UpdateAbandoned(run_id, update_id, ended)
+            left = _left(deadline)
+            if left <= 0:
+                raise errors.UpdateTimedOut(
+                    f"run {run_id} did not answer update {update_id!r} within {timeout}s"
+                )
+            watch.wait(left)
 
     # -- reading the journal --------------------------------------------------
 
