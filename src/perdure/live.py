@@ -25,25 +25,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from perdure import codec, errors, journal, payloads, records
-from perdure.journal import Unreadable
+from perdure import bodyshape, codec, errors, journal, payloads, records
+from perdure.bodyshape import Unreadable
 
 KINDS = frozenset({"update", "respond", "event", "stream", "stream_close"})
 """The journal entry kinds of this module."""
-
-
-def _object(text: str | None) -> dict[str, Any]:
-    data = codec.decode(text or "null")
-    if not isinstance(data, dict):
-        raise Unreadable(f"expected an object, found {type(data).__name__}")
-    return data
-
-
-def _field(data: dict[str, Any], name: str) -> Any:
-    try:
-        return data[name]
-    except KeyError:
-        raise Unreadable(f"no {name!r}") from None
 
 
 @dataclass(frozen=True)
@@ -62,13 +48,13 @@ class UpdateReceived:
 
     @classmethod
     def decode(cls, text: str | None) -> UpdateReceived:
-        data = _object(text)
-        update_id, sequence = _field(data, "update_id"), _field(data, "sequence")
+        data = bodyshape.read_object(text)
+        update_id, sequence = bodyshape.field(data, "update_id"), bodyshape.field(data, "sequence")
         if not isinstance(update_id, str):
             raise Unreadable("'update_id' is not text")
         if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 1:
             raise Unreadable("'sequence' is not a positive integer")
-        return cls(update_id, _field(data, "payload"), sequence)
+        return cls(update_id, bodyshape.field(data, "payload"), sequence)
 
 
 @dataclass(frozen=True)
@@ -83,11 +69,11 @@ class Responded:
 
     @classmethod
     def decode(cls, text: str | None) -> Responded:
-        data = _object(text)
-        update_id = _field(data, "update_id")
+        data = bodyshape.read_object(text)
+        update_id = bodyshape.field(data, "update_id")
         if not isinstance(update_id, str):
             raise Unreadable("'update_id' is not text")
-        return cls(update_id, _field(data, "value"))
+        return cls(update_id, bodyshape.field(data, "value"))
 
 
 @dataclass(frozen=True)
@@ -101,7 +87,7 @@ class EventSet:
 
     @classmethod
     def decode(cls, text: str | None) -> EventSet:
-        return cls(_field(_object(text), "value"))
+        return cls(bodyshape.field(bodyshape.read_object(text), "value"))
 
 
 @dataclass(frozen=True)
@@ -115,7 +101,7 @@ class StreamItem:
 
     @classmethod
     def decode(cls, text: str | None) -> StreamItem:
-        return cls(_field(_object(text), "value"))
+        return cls(bodyshape.field(bodyshape.read_object(text), "value"))
 
 
 @dataclass(frozen=True)
@@ -127,7 +113,7 @@ class StreamClosed:
 
     @classmethod
     def decode(cls, text: str | None) -> StreamClosed:
-        _object(text)
+        bodyshape.read_object(text)
         return cls()
 
 
