@@ -162,6 +162,12 @@ class Transitions(abc.ABC, Generic[C]):
             self._notify(cur, (r["app"] for r in woken))
         return [r["run_id"] for r in woken]
 
+    def _created(self, cur: C, made: Sequence[Row]) -> None:
+        """Give runs just created (rows of a RETURNING) their first receipt; announce them."""
+        self._append(cur, [ledger.Receipt(r["run_id"], 1, "initialized", 0, None) for r in made])
+        if made:
+            self._notify(cur, (r["app"] for r in made))
+
     def _lock_live(self, cur: C, run_id: str) -> port.Run:
         """Lock the run's row; refuse a missing or ended run."""
         row = self._exec(cur, "lock_run", run_id=run_id).fetchone()
@@ -232,12 +238,11 @@ class Transitions(abc.ABC, Generic[C]):
                 cur, "create_run", ledger_limit=self._ledger_limit, **params
             ).fetchone()
             if row is not None:
-                self._append(cur, [ledger.Receipt(new.run_id, 1, "initialized", 0, None)])
+                self._created(cur, [row])
                 self._put_journal(cur, new.run_id, entries)
                 if new.plan is not None:
                     self._admit_plan(cur, new.run_id, new.plan)
                     row = self._exec(cur, "run_by_id", run_id=new.run_id).fetchone()
-                self._notify(cur, [new.app])
                 return self.read.run(row), True
             found = None
             if new.key is not None:
@@ -267,17 +272,12 @@ class Transitions(abc.ABC, Generic[C]):
                 **batch,
             )
             made = created.fetchall()
-            self._append(
-                cur, [ledger.Receipt(r["run_id"], 1, "initialized", 0, None) for r in made]
-            )
+            self._created(cur, made)
             plans = {c.run_id: c.plan for c in children if c.plan is not None}
             for r in made:
                 plan = plans.get(r["run_id"])
                 if plan is not None:
                     self._admit_plan(cur, r["run_id"], plan)
-            apps = [r["app"] for r in made]
-            if apps:
-                self._notify(cur, apps)
             found = self._exec(cur, "runs_by_key", **keys)
             children_rows = found.fetchall()
             if len(children_rows) != len(children):

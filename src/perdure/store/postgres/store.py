@@ -64,9 +64,7 @@ Row = connection.Row
 Cursor = connection.Cursor
 
 _Q = sqlfiles.queries("postgres")
-_PLANNED_EACH_TIME = frozenset(
-    {"claim", "queue_ready", "queue_candidates", "queue_running", "queue_starts"}
-)
+_PLANNED_EACH_TIME = frozenset({"queue_ready", "queue_candidates", "queue_running", "queue_starts"})
 
 
 class _BodyRaised(Exception):
@@ -130,9 +128,11 @@ class PostgresStore(
 
     def _exec(self, cur: Cursor, query: str, **params: Any) -> Cursor:
         """Execute a named query; ``now`` is always passed."""
-        # Claims are planned afresh each time: a plan prepared while the runs
-        # table was small (a worker's first minutes) stays slow once a backlog
-        # builds up, and a claim is one statement per claim, not per step.
+        # The queue queries are planned afresh each time: a generic plan chosen
+        # while the runs table was small stays slow once a backlog builds up,
+        # and they run only for apps with queues. The claim itself is prepared
+        # (planning it costs more than running it); its ranges each name their
+        # index's own order, so any plan of it walks those indexes.
         prepare = False if query in _PLANNED_EACH_TIME else None
         return cur.execute(_Q[query], {"now": self._now(), **params}, prepare=prepare)
 
@@ -141,6 +141,10 @@ class PostgresStore(
 
     def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
         self._exec(cur, "notify", apps=sorted(set(apps)))
+
+    def _created(self, cur: Cursor, made: Sequence[rows.Row]) -> None:
+        # create_run and create_children write the receipts and notify themselves.
+        return
 
     def _body_connection(self, cur: Cursor) -> Any:
         return cur.connection
@@ -274,6 +278,51 @@ class PostgresStore(
         entries: Sequence[port.JournalEntry],
         marks: Sequence[port.Mark],
     ) -> None:
+        row = self._write_alone("record_step", claim, entries, marks, reset=fence == "fence_step")
+        if row is None:
+            self._transact(lambda cur: self._lost(cur, claim, claim.canceling))
+
+    def finish(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        *,
+        state: port.RunState,
+        result: str | None = None,
+        error: str | None = None,
+        marks: Sequence[port.Mark] = (),
+    ) -> None:
+        """End the run; one statement when it has no parent and no child closing with it."""
+        if state in port.TERMINAL_STATES:
+            ending = port.Mark("canceled" if state == "canceled" else "finished")
+            row = self._write_alone(
+                "finish_alone",
+                claim,
+                entries,
+                [*ledger.checked_marks(marks), ending],
+                state=state,
+                result=result,
+                error=error,
+                # The owner may always settle a canceled run, acknowledged or not.
+                canceling=claim.canceling or state in ("canceled", "needs_attention"),
+                # A run that needs attention keeps its records until resolve ends it.
+                ending=state != "needs_attention",
+            )
+            if row is not None:
+                return
+        # A child run, a run with children that close with it, or a fence that
+        # refused: the transaction path writes the rest or says why.
+        super().finish(claim, entries, state=state, result=result, error=error, marks=marks)
+
+    def _write_alone(
+        self,
+        query: str,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        marks: Sequence[port.Mark],
+        **extra: Any,
+    ) -> Row | None:
+        """Write entries and receipts in one fenced statement; None if it matched nothing."""
         entries = rows.checked_entries(claim.run_id, entries)
         marks = ledger.checked_marks(marks)
         params = {
@@ -281,7 +330,6 @@ class PostgresStore(
             "generation": claim.generation,
             "worker": claim.worker,
             "canceling": claim.canceling,
-            "reset": fence == "fence_step",
             "receipts": len(marks),
             "entries": len(entries),
             **batches.arrays(entries, batches.ENTRY_ARRAYS),
@@ -289,10 +337,11 @@ class PostgresStore(
             "mark_steps": [m.step for m in marks],
             "mark_digests": [m.digest for m in marks],
             "mark_notes": [m.note for m in marks],
+            **extra,
         }
         try:
-            row = self._transact(
-                lambda cur: self._exec(cur, "record_step", **params).fetchone(), single=True
+            row: Row | None = self._transact(
+                lambda cur: self._exec(cur, query, **params).fetchone(), single=True
             )
         except errors.StoreError as exc:
             if isinstance(exc.__cause__, psycopg.errors.RaiseException):
@@ -300,8 +349,7 @@ class PostgresStore(
                     claim.run_id, "journal_position_taken", "a position holds a recorded entry"
                 ) from None
             raise
-        if row is None:
-            self._transact(lambda cur: self._lost(cur, claim, claim.canceling))
+        return row
 
     def transaction_step(
         self,

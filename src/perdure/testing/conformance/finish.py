@@ -56,6 +56,22 @@ class FinishTests(Suite):
         assert kinds(store, run.run_id)[-1] == "finished"
         assert store.claim(APP, WORKER, [(run.workflow, "1")], lease_ttl=TTL) == []
 
+    def test_a_signal_applied_by_the_last_write_is_not_kept(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        claim = claim_run(store, run).claim
+        waits = [port.WaitSpec("a", "signal"), port.WaitSpec("b", "signal")]
+        assert store.park(claim, [], waits, wake_at=None)
+        store.settle_wait(run.run_id, "a", signaled(run.run_id, "a", clock.now(), signal_id="s-a"))
+        store.settle_wait(run.run_id, "b", signaled(run.run_id, "b", clock.now(), signal_id="s-b"))
+        claim = claim_run(store, run).claim
+        applied = port.JournalEntry(1, "wait", "a", "ok", '{"payload": 1}')
+        store.finish(claim, [applied], state="succeeded", result="1")
+        # Only the signal the run never applied is kept, to answer its sender.
+        assert [(o.name, o.signal_id) for o in store.outcomes(run.run_id)] == [("b", "s-b")]
+        assert store.journal(run.run_id) == [applied]
+
     def test_finish_with_error(self, store: port.Store) -> None:
         run = start(store)
         claim = claim_run(store, run).claim

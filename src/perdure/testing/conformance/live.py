@@ -362,6 +362,21 @@ class LiveTests(Suite):
         for change in changes:
             assert _watch_woken(handle.store, change) == (True, True)
 
+    def test_watch_is_woken_by_the_end_of_a_run_whose_last_write_sets_an_event(
+        self, handle: StoreHandle
+    ) -> None:
+        # Readers of events stop at the run's end; the event written with the end counts.
+        other = handle.reopen()
+        run = start(handle.store)
+        claim = claim_run(handle.store, run).claim
+        last = [entry(1, kind="event", name="k")]
+
+        def change() -> None:
+            other.finish(claim, last, state="succeeded", result="1")
+
+        assert _watch_woken(handle.store, change) == (True, True)
+        assert handle.store.journal(run.run_id) == last
+
     def test_watch_is_woken_by_an_answer_from_another_process(self, handle: StoreHandle) -> None:
         if not (self.processes and self.shared):
             pytest.skip("only a shared store announces across processes")

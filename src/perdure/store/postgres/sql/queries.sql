@@ -37,40 +37,55 @@ SELECT pg_notify('perdure_ready', app) FROM unnest(%(apps)s::text[]) AS app;
 
 -- name: create_run
 -- A conflict on run_id or on (app, key) stores nothing; the caller reads back.
-INSERT INTO perdure.runs (
-    run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority,
-    dry_run
+-- A created run gets its "initialized" receipt and is announced here, in the
+-- same statement.
+WITH created AS (
+    INSERT INTO perdure.runs (
+        run_id, app, workflow, version, state, input, key, parent_id,
+        ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key,
+        priority, dry_run
+    )
+    VALUES (
+        %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
+        %(parent_id)s, 1, %(ledger_limit)s,
+        coalesce(%(now)s::timestamptz, statement_timestamp()),
+        coalesce(%(now)s::timestamptz, statement_timestamp()),
+        %(deadline)s::timestamptz, %(queue)s, %(queue_key)s, %(priority)s, %(dry_run)s
+    )
+    ON CONFLICT DO NOTHING
+    RETURNING *
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation)
+    SELECT c.run_id, 1, 'initialized', c.created_at, 0 FROM created AS c
 )
-VALUES (
-    %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'queued', %(input)s, %(key)s,
-    %(parent_id)s, 1, %(ledger_limit)s,
-    coalesce(%(now)s::timestamptz, statement_timestamp()),
-    coalesce(%(now)s::timestamptz, statement_timestamp()),
-    %(deadline)s::timestamptz, %(queue)s, %(queue_key)s, %(priority)s, %(dry_run)s
-)
-ON CONFLICT DO NOTHING
-RETURNING *;
+SELECT c.*, pg_notify('perdure_ready', c.app)::text AS announced FROM created AS c;
 
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
 -- A child of a dry run is dry.
-INSERT INTO perdure.runs (
-    run_id, app, workflow, version, state, input, key, parent_id,
-    ledger_sequence, ledger_limit, created_at, updated_at, parent_close, dry_run
+-- Each created child gets its "initialized" receipt and is announced here.
+WITH created AS (
+    INSERT INTO perdure.runs (
+        run_id, app, workflow, version, state, input, key, parent_id,
+        ledger_sequence, ledger_limit, created_at, updated_at, parent_close, dry_run
+    )
+    SELECT c.run_id, c.app, c.workflow, c.version, 'queued', c.input, c.key, %(parent_id)s,
+           1, %(ledger_limit)s,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           c.parent_close,
+           coalesce((SELECT dry_run FROM perdure.runs WHERE run_id = %(parent_id)s), false)
+    FROM unnest(
+        %(run_ids)s::text[], %(apps)s::text[], %(workflows)s::text[],
+        %(versions)s::text[], %(inputs)s::text[], %(keys)s::text[], %(parent_closes)s::text[]
+    ) AS c(run_id, app, workflow, version, input, key, parent_close)
+    ON CONFLICT DO NOTHING
+    RETURNING run_id, app, created_at
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation)
+    SELECT c.run_id, 1, 'initialized', c.created_at, 0 FROM created AS c
 )
-SELECT c.run_id, c.app, c.workflow, c.version, 'queued', c.input, c.key, %(parent_id)s,
-       1, %(ledger_limit)s,
-       coalesce(%(now)s::timestamptz, statement_timestamp()),
-       coalesce(%(now)s::timestamptz, statement_timestamp()),
-       c.parent_close,
-       coalesce((SELECT dry_run FROM perdure.runs WHERE run_id = %(parent_id)s), false)
-FROM unnest(
-    %(run_ids)s::text[], %(apps)s::text[], %(workflows)s::text[],
-    %(versions)s::text[], %(inputs)s::text[], %(keys)s::text[], %(parent_closes)s::text[]
-) AS c(run_id, app, workflow, version, input, key, parent_close)
-ON CONFLICT DO NOTHING
-RETURNING run_id, app;
+SELECT c.run_id, c.app, pg_notify('perdure_ready', c.app)::text AS announced FROM created AS c;
 
 -- name: runs_by_key
 SELECT r.*
@@ -374,6 +389,112 @@ UPDATE perdure.runs SET
 WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
   AND (NOT cancel_requested OR %(canceling)s)
 RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
+
+-- name: finish_alone
+-- The end of a run with no parent and no child that closes with it, as ONE
+-- statement (one round trip, one commit in autocommit mode): the fenced end,
+-- its entries and receipts, and the end-of-run rules of end_cleanup,
+-- updates_abandon and live_ended (with live_ended's announcement). A run
+-- with a parent or with such a child matches nothing here, as does a stale
+-- claim: the caller then ends it through the transaction path, which also
+-- says why a fence refused. The CTEs read the tables as they were before
+-- the statement, so the entries written here are checked from the batch.
+WITH fence AS (
+    UPDATE perdure.runs AS r SET
+        state = %(state)s,
+        result = %(result)s,
+        error = %(error)s,
+        worker = NULL,
+        lease_expires_at = NULL,
+        ready_at = NULL,
+        ledger_sequence = r.ledger_sequence + %(receipts)s,
+        updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    WHERE r.run_id = %(run_id)s AND r.generation = %(generation)s AND r.state = 'running'
+      AND (NOT r.cancel_requested OR %(canceling)s)
+      AND r.parent_id IS NULL
+      AND NOT EXISTS (
+          SELECT 1 FROM perdure.runs AS c
+          WHERE c.parent_id = r.run_id AND c.parent_close = 'cancel'
+            AND c.state NOT IN ('succeeded', 'failed', 'canceled') AND NOT c.cancel_requested
+      )
+    RETURNING r.run_id, r.ledger_sequence, r.ledger_limit
+), batch AS (
+    SELECT * FROM unnest(
+        %(positions)s::integer[], %(kinds)s::text[], %(names)s::text[], %(statuses)s::text[],
+        %(outputs)s::text[], %(errors)s::text[], %(attempts)s::integer[]
+    ) AS e(position, kind, name, status, output, error, attempt)
+), put AS (
+    INSERT INTO perdure.journal (
+        run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
+    )
+    SELECT f.run_id, e.position, e.kind, e.name, e.status, e.output, e.error, e.attempt,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM fence AS f, batch AS e
+    ON CONFLICT (run_id, position) DO UPDATE SET
+        kind = EXCLUDED.kind,
+        name = EXCLUDED.name,
+        status = EXCLUDED.status,
+        output = EXCLUDED.output,
+        error = EXCLUDED.error,
+        attempt = EXCLUDED.attempt,
+        updated_at = EXCLUDED.updated_at
+    WHERE perdure.journal.status = 'started'
+    RETURNING position
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
+    SELECT f.run_id, f.ledger_sequence - %(receipts)s + r.ord, r.kind,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           %(generation)s, %(worker)s, r.step, r.digest, r.note
+    FROM fence AS f, unnest(
+        %(mark_kinds)s::text[], %(mark_steps)s::text[], %(mark_digests)s::text[],
+        %(mark_notes)s::text[]
+    ) WITH ORDINALITY AS r(kind, step, digest, note, ord)
+    WHERE f.ledger_sequence - %(receipts)s + r.ord > f.ledger_sequence - f.ledger_limit
+), trimmed AS (
+    DELETE FROM perdure.ledger AS l USING fence AS f
+    WHERE l.run_id = f.run_id AND l.sequence <= f.ledger_sequence - f.ledger_limit
+), waits_gone AS (
+    DELETE FROM perdure.waits AS w USING fence AS f
+    WHERE w.run_id = f.run_id AND %(ending)s
+), outcomes_gone AS (
+    -- As end_cleanup: a signal the run never applied keeps its record.
+    DELETE FROM perdure.outcomes AS o USING fence AS f
+    WHERE o.run_id = f.run_id AND %(ending)s
+      AND NOT (o.outcome = 'signaled' AND o.signal_id IS NOT NULL
+          AND NOT EXISTS (
+              SELECT 1 FROM perdure.journal AS j
+              WHERE j.run_id = o.run_id AND j.kind = 'wait' AND j.name = o.name
+                AND j.status <> 'started'
+          )
+          AND NOT EXISTS (
+              SELECT 1 FROM batch AS e
+              WHERE e.kind = 'wait' AND e.name = o.name AND e.status <> 'started'
+          ))
+), messages_gone AS (
+    DELETE FROM perdure.messages AS m USING fence AS f
+    WHERE m.run_id = f.run_id AND %(ending)s
+), abandoned AS (
+    UPDATE perdure.updates AS u SET
+        state = 'abandoned',
+        settled_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM fence AS f
+    WHERE u.run_id = f.run_id AND u.state = 'pending' AND %(ending)s
+)
+SELECT f.ledger_sequence,
+       CASE WHEN (SELECT count(*) FROM put) < %(entries)s
+            THEN perdure.refuse('journal_position_taken') END AS refused,
+       CASE WHEN %(ending)s AND (
+                EXISTS (SELECT 1 FROM perdure.updates AS u WHERE u.run_id = f.run_id)
+                OR EXISTS (
+                    SELECT 1 FROM perdure.journal AS j
+                    WHERE j.run_id = f.run_id AND j.kind IN ('event', 'stream', 'stream_close')
+                )
+                OR EXISTS (
+                    SELECT 1 FROM batch AS e WHERE e.kind IN ('event', 'stream', 'stream_close')
+                ))
+            THEN pg_notify('perdure_live', f.run_id) END AS announced
+FROM fence AS f;
 
 -- name: journal_put
 -- An existing position is replaced only while it is 'started'; any other is
