@@ -125,6 +125,9 @@ def worker_main(argv: list[str]) -> None:
         options["lease_ttl"] = args.lease_ttl
     if args.heartbeat is not None:
         options["heartbeat"] = args.heartbeat
+    if os.environ.get("BENCH_LIVENESS"):
+        # Where leases are renewed from: process (the keeper, the default) or thread.
+        options["liveness"] = os.environ["BENCH_LIVENESS"]
     common.say({"event": "ready", "pid": os.getpid()})
     cmd = common.read_command()
     if cmd.get("cmd") != "go":

@@ -12,7 +12,8 @@ alternation::
     PYTHONPATH=$BEFORE/src .venv/bin/python bench/step_cpu_w3.py 1500
     PYTHONPATH=src .venv/bin/python bench/step_cpu_w3.py 1500
 
-$OWNERSHIP picks the worker's posture (run-lease, none, store-lease).
+$OWNERSHIP picks the worker's posture (run-lease, none, store-lease), $LIVENESS
+where its leases are renewed from (process, thread).
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def main() -> None:
     if os.environ.get("OWNERSHIP"):
         # The worker's posture: run-lease (the default), none or store-lease.
         options["ownership"] = os.environ["OWNERSHIP"]
+    if os.environ.get("LIVENESS"):
+        # Where leases are renewed from: process (the keeper, the default) or thread.
+        options["liveness"] = os.environ["LIVENESS"]
     cpu, wall = time.process_time(), time.perf_counter()
     with app.worker(**options):
         while done() < args.count:
