@@ -244,6 +244,28 @@ class Reader:
         """Return ``row[column]`` as an aware UTC instant."""
         return self._columns(record, row).instant(column)
 
+    def claim_prior(self, row: Row) -> port.RunState:
+        """Check the columns of a claim candidate that the claim overwrites; return its state.
+
+        The claim's own row is read whole after it; what it overwrote would go
+        unread, so it is judged here, as :meth:`run` judges it.
+        """
+        c = self._columns("run", row)
+        run_id = c.text("run_id")
+        state = cast(port.RunState, c.choice("state", port.RUN_STATES))
+        worker = c.opt_text("worker")
+        if worker is not None and not port.WORKER_ID.match(worker):
+            raise corrupt(run_id, "run_worker_id", f"worker id {worker[:40]!r}")
+        lease = c.opt_instant("lease_expires_at")
+        if state == "running" and c.opt_text("plan_digest") is None and None in (worker, lease):
+            raise corrupt(run_id, "run_claim", "a running run has no worker or lease")
+        c.count("generation")
+        c.count("failures")
+        c.count("ledger_sequence")
+        c.opt_instant("ready_at")
+        c.instant("updated_at")
+        return state
+
     def run(self, row: Row) -> port.Run:
         """Return the :class:`port.Run` of a ``runs`` row."""
         c = self._columns("run", row)

@@ -463,6 +463,29 @@ DELETE FROM outcomes WHERE run_id IN (SELECT value FROM json_each(:run_ids))
   ));
 DELETE FROM messages WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
+-- name: end_probe
+-- Whether an end-of-run rule has anything to do for the runs that just
+-- ended: records to drop, children that close with them, updates to settle
+-- or announce, events or streams someone may follow. Most runs have none,
+-- and one read then replaces the rules' six statements.
+SELECT
+    EXISTS (SELECT 1 FROM waits WHERE run_id IN (SELECT value FROM json_each(:run_ids)))
+    OR EXISTS (SELECT 1 FROM outcomes WHERE run_id IN (SELECT value FROM json_each(:run_ids)))
+    OR EXISTS (SELECT 1 FROM messages WHERE run_id IN (SELECT value FROM json_each(:run_ids)))
+    OR EXISTS (SELECT 1 FROM updates WHERE run_id IN (SELECT value FROM json_each(:run_ids)))
+    OR EXISTS (
+        SELECT 1 FROM runs
+        WHERE parent_id IN (SELECT value FROM json_each(:run_ids))
+          AND parent_close = 'cancel'
+          AND state NOT IN ('succeeded', 'failed', 'canceled')
+          AND cancel_requested = 0
+    )
+    OR EXISTS (
+        SELECT 1 FROM journal
+        WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+          AND kind IN ('event', 'stream', 'stream_close')
+    ) AS busy;
+
 -- name: cancel_open_waits
 -- A cancel reaching a running (or needs_attention) run settles its open waits,
 -- so a later signal is answered with the cancel's receipt instead of one that
