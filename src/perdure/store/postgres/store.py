@@ -314,6 +314,37 @@ class PostgresStore(
         # refused: the transaction path writes the rest or says why.
         super().finish(claim, entries, state=state, result=result, error=error, marks=marks)
 
+    def deliver_update(self, update: liveport.NewUpdate) -> tuple[liveport.UpdateRecord, bool]:
+        """Store the update unless its id exists; wake the run if it is parked on that name."""
+        if not update.update_id or not update.name:
+            raise errors.InvalidInput("an update needs a name and an update id")
+        params = vars(update)
+
+        def work(cur: Cursor) -> tuple[liveport.UpdateRecord, bool]:
+            self._lock_live(cur, update.run_id)  # orders this delivery with a park
+            row = self._exec(cur, "update_deliver", **params).fetchone()
+            if row is None:
+                raise rows.corrupt(update.run_id, "update_state", "a refused update is gone")
+            return self.read.update(row), bool(row["fresh"])
+
+        return self._transact(work)
+
+    def answer_update(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        update_id: str,
+        response: str,
+        marks: Sequence[port.Mark] = (),
+    ) -> bool:
+        """Write entries and answer the pending update, in one statement (fenced)."""
+        row = self._write_alone(
+            "answer_alone", claim, entries, marks, update_id=update_id, response=response
+        )
+        if row is None:
+            self._transact(lambda cur: self._lost(cur, claim, claim.canceling))
+        return bool(row is not None and row["answered"])
+
     def _write_alone(
         self,
         query: str,

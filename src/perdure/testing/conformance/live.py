@@ -21,6 +21,7 @@ from perdure.testing.conformance.harness import (
     claim_run,
     entry,
     get,
+    kinds,
     run_processes,
     run_threads,
     start,
@@ -177,6 +178,8 @@ class LiveTests(Suite):
         after = get(store, run.run_id)
         assert after.state == "queued"
         assert [w.name for w in store.waits(run.app, run.run_id)] == ["add"]  # no outcome
+        assert kinds(store, run.run_id)[-1] == "woken"
+        assert after.ledger_sequence == len(kinds(store, run.run_id))
 
     def test_delivery_does_not_wake_a_run_parked_on_a_signal_of_that_name(
         self, store: port.Store

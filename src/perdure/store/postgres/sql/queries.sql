@@ -992,6 +992,51 @@ FROM perdure.updates WHERE run_id = %(run_id)s
 ON CONFLICT (run_id, update_id) DO NOTHING
 RETURNING *;
 
+-- name: update_deliver
+-- update_put, wake_on_wait, the woken receipt and both announcements as ONE
+-- statement, run after the run's row lock was taken (lock_run), so that its
+-- snapshot holds every wait a park registered. A stored id comes back as it
+-- is (fresh is false) and nothing else happens.
+WITH created AS (
+    INSERT INTO perdure.updates (
+        run_id, update_id, name, sequence, payload, state, response, at, settled_at
+    )
+    SELECT %(run_id)s, %(update_id)s, %(name)s, coalesce(max(sequence), 0) + 1, %(payload)s,
+           'pending', NULL, coalesce(%(now)s::timestamptz, statement_timestamp()), NULL
+    FROM perdure.updates WHERE run_id = %(run_id)s
+    ON CONFLICT (run_id, update_id) DO NOTHING
+    RETURNING *
+), woken AS (
+    UPDATE perdure.runs SET
+        state = 'queued',
+        ready_at = NULL,
+        ledger_sequence = ledger_sequence + 1,
+        updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    WHERE run_id = %(run_id)s AND state = 'waiting'
+      AND EXISTS (SELECT 1 FROM created)
+      AND EXISTS (
+          SELECT 1 FROM perdure.waits AS w
+          WHERE w.run_id = %(run_id)s AND w.kind = 'update' AND w.name = %(name)s
+      )
+    RETURNING run_id, app, generation, ledger_sequence, ledger_limit
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation)
+    SELECT w.run_id, w.ledger_sequence, 'woken',
+           coalesce(%(now)s::timestamptz, statement_timestamp()), w.generation
+    FROM woken AS w
+), trimmed AS (
+    DELETE FROM perdure.ledger AS l USING woken AS w
+    WHERE l.run_id = w.run_id AND l.sequence <= w.ledger_sequence - w.ledger_limit
+)
+SELECT c.*, true AS fresh,
+       (SELECT pg_notify('perdure_ready', w.app)::text FROM woken AS w) AS ready,
+       pg_notify('perdure_live', c.run_id)::text AS announced
+FROM created AS c
+UNION ALL
+SELECT u.*, false, NULL, NULL FROM perdure.updates AS u
+WHERE u.run_id = %(run_id)s AND u.update_id = %(update_id)s
+  AND NOT EXISTS (SELECT 1 FROM created);
+
 -- name: update_get
 SELECT * FROM perdure.updates WHERE run_id = %(run_id)s AND update_id = %(update_id)s;
 
@@ -1013,6 +1058,72 @@ LIMIT 1;
 UPDATE perdure.updates SET state = 'answered', response = %(response)s, settled_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s AND update_id = %(update_id)s AND state = 'pending'
 RETURNING *;
+
+-- name: answer_alone
+-- answer_update as ONE statement (one round trip, one commit in autocommit
+-- mode): the fence (fence_touch's), the entries and receipts, the answer
+-- of the pending update and its announcement. The run's row is locked
+-- before the update's, as a cancel that abandons it locks them. No row
+-- comes back when the fence matches nothing; answered is 0 when the update
+-- was not pending.
+WITH fence AS (
+    UPDATE perdure.runs SET
+        ledger_sequence = ledger_sequence + %(receipts)s,
+        updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
+      AND (NOT cancel_requested OR %(canceling)s)
+      AND (NOT suspend_requested OR %(canceling)s)
+    RETURNING run_id, ledger_sequence, ledger_limit
+), put AS (
+    INSERT INTO perdure.journal (
+        run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
+    )
+    SELECT f.run_id, e.position, e.kind, e.name, e.status, e.output, e.error, e.attempt,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM fence AS f, unnest(
+        %(positions)s::integer[], %(kinds)s::text[], %(names)s::text[], %(statuses)s::text[],
+        %(outputs)s::text[], %(errors)s::text[], %(attempts)s::integer[]
+    ) AS e(position, kind, name, status, output, error, attempt)
+    ON CONFLICT (run_id, position) DO UPDATE SET
+        kind = EXCLUDED.kind,
+        name = EXCLUDED.name,
+        status = EXCLUDED.status,
+        output = EXCLUDED.output,
+        error = EXCLUDED.error,
+        attempt = EXCLUDED.attempt,
+        updated_at = EXCLUDED.updated_at
+    WHERE perdure.journal.status = 'started'
+    RETURNING position
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
+    SELECT f.run_id, f.ledger_sequence - %(receipts)s + r.ord, r.kind,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           %(generation)s, %(worker)s, r.step, r.digest, r.note
+    FROM fence AS f, unnest(
+        %(mark_kinds)s::text[], %(mark_steps)s::text[], %(mark_digests)s::text[],
+        %(mark_notes)s::text[]
+    ) WITH ORDINALITY AS r(kind, step, digest, note, ord)
+    WHERE f.ledger_sequence - %(receipts)s + r.ord > f.ledger_sequence - f.ledger_limit
+), trimmed AS (
+    DELETE FROM perdure.ledger AS l USING fence AS f
+    WHERE l.run_id = f.run_id AND l.sequence <= f.ledger_sequence - f.ledger_limit
+), answered AS (
+    UPDATE perdure.updates AS u SET
+        state = 'answered',
+        response = %(response)s,
+        settled_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM fence AS f
+    WHERE u.run_id = f.run_id AND u.update_id = %(update_id)s AND u.state = 'pending'
+    RETURNING u.run_id
+)
+SELECT f.ledger_sequence,
+       CASE WHEN (SELECT count(*) FROM put) < %(entries)s
+            THEN perdure.refuse('journal_position_taken') END AS refused,
+       (SELECT count(*) FROM answered) AS answered,
+       CASE WHEN EXISTS (SELECT 1 FROM answered)
+            THEN pg_notify('perdure_live', f.run_id)::text END AS announced
+FROM fence AS f;
 
 -- name: updates_abandon
 -- Updates a run ended without answering; their senders are told so.
