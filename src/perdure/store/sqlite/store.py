@@ -118,11 +118,8 @@ class SqliteStore(
     def _end_runs(self, cur: Cursor, ended: Sequence[rows.Row]) -> None:
         # Most runs end with nothing to drop, close, settle or announce: one
         # read finds that, and the rules' six statements run only when it does not.
-        if not ended:
-            return
-        if all(r["parent_id"] is None for r in ended):
-            probe = self._exec(cur, "end_probe", run_ids=[r["run_id"] for r in ended])
-            found = probe.fetchone()
+        if len(ended) == 1 and ended[0]["parent_id"] is None:
+            found = self._exec(cur, "end_probe", run_id=ended[0]["run_id"]).fetchone()
             if found is not None and not found["busy"]:
                 return
         super()._end_runs(cur, ended)
