@@ -62,6 +62,9 @@ def _profile_threads(cpu: bool) -> list[cProfile.Profile]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("count", type=int, nargs="?", default=1500)
+    parser.add_argument(
+        "--steps", type=int, default=10, help="steps per run (0: what a run costs by itself)"
+    )
     parser.add_argument("--calls", action="store_true", help="count function calls per step")
     parser.add_argument("--top", type=int, default=0, help="with --calls: the top N functions")
     parser.add_argument("--cpu", action="store_true", help="with --calls: time by thread CPU")
@@ -80,7 +83,7 @@ def main() -> None:
         return k
 
     for _ in range(args.count):
-        app.start("ten_steps", 10)
+        app.start("ten_steps", args.steps)
     db = sqlite3.connect(path)
 
     def done() -> int:
@@ -102,7 +105,8 @@ def main() -> None:
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     children = os.times()
     app.close()
-    steps = args.count * 10
+    # With --steps 0 the figures are per run.
+    steps = args.count * max(1, args.steps)
     keeper = children.children_user + children.children_system
     line = (
         f"cpu_us/step {cpu / steps * 1e6:.1f} wall_us/step {wall / steps * 1e6:.1f}"
