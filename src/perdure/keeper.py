@@ -142,15 +142,21 @@ class Keeper:
         }
         self._send(line)
 
-    def drop(self, run_id: str, generation: int) -> None:
-        """Stop renewing the run's claim of ``generation`` (told with the next line sent).
+    def drop(self, run_id: str, generation: int, *, settled: bool = False) -> None:
+        """Stop renewing the run's claim of ``generation``.
 
-        A drop need not wake the keeper: until it arrives, the keeper's renewal
-        of that claim is refused by the store's fence, which changes nothing,
-        and its ``lost`` report names a claim the worker no longer runs. So
-        drops wait for the next hold or beat, which carries them in one write.
+        A ``settled`` claim (its run ended, parked or was released under it)
+        need not wake the keeper: until the drop arrives, the keeper's renewal
+        of it is refused by the store's fence, which changes nothing, and its
+        ``lost`` report names a claim the worker no longer runs. So such drops
+        wait for the next hold or beat, which carries them in one write. Any
+        other drop (a run given up on while the store still shows it running)
+        is sent at once, so that its lease lapses on time.
         """
         line = json.dumps({"op": "drop", "run_id": run_id, "generation": generation})
+        if not settled:
+            self._send_lines([line])
+            return
         with self._lock:
             self._dropped.append(line)
 
@@ -177,11 +183,14 @@ class Keeper:
             process.stdout.close()
 
     def _send(self, message: dict[str, Any]) -> None:
+        self._send_lines([json.dumps(message)])
+
+    def _send_lines(self, lines: list[str]) -> None:
         process = self._process
         if process is None or process.stdin is None:
             return
         with self._lock, contextlib.suppress(OSError, ValueError):
-            lines, self._dropped = [*self._dropped, json.dumps(message)], []
+            lines, self._dropped = [*self._dropped, *lines], []
             process.stdin.write("\n".join(lines) + "\n")
             process.stdin.flush()
 

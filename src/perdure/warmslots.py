@@ -68,7 +68,7 @@ class WarmSlots:
             if self._active.get(execution.key) is execution:
                 del self._active[execution.key]
         if self._keeper is not None:
-            self._keeper.drop(execution.key, execution.claim.generation)
+            self._keeper.drop(execution.key, execution.claim.generation, settled=True)
         with self._warm_lock:
             slot.parked = True
         slot.settled.set()

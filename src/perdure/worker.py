@@ -451,7 +451,10 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
             if self._active.get(execution.key) is execution:
                 del self._active[execution.key]
         if self._keeper is not None:
-            self._keeper.drop(execution.key, execution.claim.generation)
+            # An execution that ended, parked or let its run go has settled its
+            # claim in the store; one interrupted may leave the run running.
+            settled = isinstance(execution, Execution) and execution.ended != "interrupted"
+            self._keeper.drop(execution.key, execution.claim.generation, settled=settled)
         self._slot_freed.set()
 
     # -- executing ------------------------------------------------------------

@@ -87,6 +87,36 @@ def test_a_newer_generation_replaces_an_older_one_and_drops_match_the_generation
     assert state.last_beat > before
 
 
+class _Pipe:
+    """Stands for the keeper process: records each write to its stdin."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+        self.stdin = self
+
+    def write(self, text: str) -> None:
+        self.writes.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_settled_drop_rides_with_the_next_line_and_any_other_goes_at_once() -> None:
+    kept = keeper.Keeper("sqlite:///unused.db", lease_ttl=2.0, heartbeat=0.5, on_lost=print)
+    pipe = _Pipe()
+    kept._process = pipe  # type: ignore[assignment]
+    kept.drop("r1", 3, settled=True)
+    assert pipe.writes == []  # the keeper is not woken for it
+    kept.beat()
+    assert [line for write in pipe.writes for line in write.splitlines()] == [
+        '{"op": "drop", "run_id": "r1", "generation": 3}',
+        '{"op": "beat"}',
+    ]
+    # A run given up on may still be running in the store: its lease must lapse on time.
+    kept.drop("r2", 1)
+    assert pipe.writes[-1] == '{"op": "drop", "run_id": "r2", "generation": 1}\n'
+
+
 @pytest.fixture
 def claimed(store_url: str) -> Iterator[tuple[port.Store, port.Claim]]:
     store = open_store(store_url)
