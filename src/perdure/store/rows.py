@@ -251,14 +251,7 @@ class Reader:
         unread, so it is judged here, as :meth:`run` judges it.
         """
         c = self._columns("run", row)
-        run_id = c.text("run_id")
-        state = cast(port.RunState, c.choice("state", port.RUN_STATES))
-        worker = c.opt_text("worker")
-        if worker is not None and not port.WORKER_ID.match(worker):
-            raise corrupt(run_id, "run_worker_id", f"worker id {worker[:40]!r}")
-        lease = c.opt_instant("lease_expires_at")
-        if state == "running" and c.opt_text("plan_digest") is None and None in (worker, lease):
-            raise corrupt(run_id, "run_claim", "a running run has no worker or lease")
+        state, _, _ = _ownership(c, c.text("run_id"))
         c.count("generation")
         c.count("failures")
         c.count("ledger_sequence")
@@ -270,15 +263,8 @@ class Reader:
         """Return the :class:`port.Run` of a ``runs`` row."""
         c = self._columns("run", row)
         run_id = c.text("run_id")
-        state = cast(port.RunState, c.choice("state", port.RUN_STATES))
-        worker = c.opt_text("worker")
-        if worker is not None and not port.WORKER_ID.match(worker):
-            raise corrupt(run_id, "run_worker_id", f"worker id {worker[:40]!r}")
-        lease = c.opt_instant("lease_expires_at")
+        state, worker, lease = _ownership(c, run_id)
         plan_digest = c.opt_text("plan_digest")
-        # A plan run has no owner of its own: its tasks hold the leases.
-        if state == "running" and plan_digest is None and (worker is None or lease is None):
-            raise corrupt(run_id, "run_claim", "a running run has no worker or lease")
         return port.Run(
             run_id=run_id,
             app=c.text("app"),
@@ -472,6 +458,19 @@ def check_wait_kinds(waits: Sequence[port.WaitSpec], run_id: str) -> None:
             raise errors.InvalidInput(f"unknown wait kind {spec.kind!r}")
     if len({spec.name for spec in waits}) != len(waits):
         raise errors.InvalidInput(f"run {run_id} registers a wait twice")
+
+
+def _ownership(c: _Columns, run_id: str) -> tuple[port.RunState, str | None, datetime | None]:
+    """Read a run's state, worker and lease, and check that they agree."""
+    state = cast(port.RunState, c.choice("state", port.RUN_STATES))
+    worker = c.opt_text("worker")
+    if worker is not None and not port.WORKER_ID.match(worker):
+        raise corrupt(run_id, "run_worker_id", f"worker id {worker[:40]!r}")
+    lease = c.opt_instant("lease_expires_at")
+    # A plan run has no owner of its own: its tasks hold the leases.
+    if state == "running" and c.opt_text("plan_digest") is None and None in (worker, lease):
+        raise corrupt(run_id, "run_claim", "a running run has no worker or lease")
+    return state, worker, lease
 
 
 def checked_entries(run_id: str, entries: Sequence[port.JournalEntry]) -> list[port.JournalEntry]:

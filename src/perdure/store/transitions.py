@@ -417,10 +417,7 @@ class Transitions(abc.ABC, Generic[C]):
         if state not in port.TERMINAL_STATES:
             raise errors.InvalidInput(f"finish needs a terminal state, got {state!r}")
         entries = rows.checked_entries(claim.run_id, entries)
-        ending = port.Mark("canceled" if state == "canceled" else "finished")
-        receipts = [*ledger.checked_marks(marks), ending]
-        # The owner may always settle a canceled run, acknowledged or not.
-        canceling = claim.canceling or state in ("canceled", "needs_attention")
+        receipts, canceling = ending(claim, state, marks)
         params = {"state": state, "result": result, "error": error, "receipts": len(receipts)}
 
         def work(cur: C) -> None:
@@ -558,3 +555,17 @@ class Transitions(abc.ABC, Generic[C]):
             return clamped + len(timed_out) + len(woken) + orphans
 
         return self._transact(work)
+
+
+def ending(
+    claim: port.Claim, state: port.RunState, marks: Sequence[port.Mark]
+) -> tuple[list[port.Mark], bool]:
+    """Return the receipts of a run's end and whether its fence lets a cancel through.
+
+    The receipts are ``marks`` and then ``finished`` (``canceled`` for a
+    canceled run). The owner may always settle a canceled run, acknowledged
+    or not, and one that needs attention.
+    """
+    end = port.Mark("canceled" if state == "canceled" else "finished")
+    canceling = claim.canceling or state in ("canceled", "needs_attention")
+    return [*ledger.checked_marks(marks), end], canceling

@@ -54,6 +54,7 @@ from perdure.store import (
     scheduling,
     sqlfiles,
     surface,
+    transitions,
     waiting,
 )
 from perdure.store.postgres import connection, listener
@@ -294,17 +295,16 @@ class PostgresStore(
     ) -> None:
         """End the run; one statement when it has no parent and no child closing with it."""
         if state in port.TERMINAL_STATES:
-            ending = port.Mark("canceled" if state == "canceled" else "finished")
+            receipts, canceling = transitions.ending(claim, state, marks)
             row = self._write_alone(
                 "finish_alone",
                 claim,
                 entries,
-                [*ledger.checked_marks(marks), ending],
+                receipts,
                 state=state,
                 result=result,
                 error=error,
-                # The owner may always settle a canceled run, acknowledged or not.
-                canceling=claim.canceling or state in ("canceled", "needs_attention"),
+                canceling=canceling,
                 # A run that needs attention keeps its records until resolve ends it.
                 ending=state != "needs_attention",
             )
