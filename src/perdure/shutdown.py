@@ -25,7 +25,7 @@ from perdure import ownership as ownership_api
 from perdure import registry as registry_api
 from perdure import tasks as tasks_api
 from perdure import telemetry as telemetry_api
-from perdure.store import port
+from perdure.store import planport, port
 
 log = logging.getLogger("perdure.worker")
 
@@ -60,6 +60,8 @@ class Shutdown:
         def _cool_all(self) -> None: ...
 
         def _abandon_task(self, execution: tasks_api.TaskExecution) -> None: ...
+
+        def _forget(self, execution: execution_api.Execution | tasks_api.TaskExecution) -> None: ...
 
     def stop(self, timeout: float | None = None) -> bool:
         """Stop claiming; let in-flight runs record their current step, then release them.
@@ -118,6 +120,19 @@ class Shutdown:
         self._at_once.set()
         self._stop_event.set()
         self._slot_freed.set()
+
+    def _unstarted(self, execution: execution_api.Execution | tasks_api.TaskExecution) -> None:
+        """Hand back a claim whose execution a stop cancelled before it began."""
+        # Nothing of it ran, so the run or task is ready again at once, and
+        # the stop need not wait out its grace for an execution that never comes.
+        with contextlib.suppress(Exception, errors.LeaseLost):
+            if isinstance(execution, tasks_api.TaskExecution):
+                if isinstance(self.store, planport.PlanStore):
+                    self.store.release_task(execution.claim)
+            else:
+                self.store.release(execution.claim, delay=0, failed=False)
+        log.info("worker %s: handed %s back unstarted", self.worker_id, execution.key)
+        self._forget(execution)
 
     def _abandon(self) -> list[str]:
         """Release the runs still in flight; return their ids."""

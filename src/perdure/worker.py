@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal
 
@@ -426,11 +426,22 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
     def _start(self, execution: Execution | tasks_api.TaskExecution) -> None:
         with self._active_lock:
             self._active[execution.key] = execution
+        self._submit(execution)
+
+    def _submit(self, execution: Execution | tasks_api.TaskExecution) -> None:
         assert self._pool is not None
         try:
-            self._pool.submit(self._execute, execution)
+            future = self._pool.submit(self._execute, execution)
         except RuntimeError:
             self._forget(execution)
+            return
+
+        def cancelled(done: Future[None]) -> None:
+            # A stop cancels what no thread has picked up yet: hand those claims back.
+            if done.cancelled():
+                self._unstarted(execution)
+
+        future.add_done_callback(cancelled)
 
     def _dispatch(self, claimed: port.Claimed) -> None:
         if self._take_warm(claimed):
@@ -440,11 +451,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
             self._active[claimed.claim.run_id] = execution
         if self._keeper is not None:
             self._keeper.hold(claimed.claim)
-        assert self._pool is not None
-        try:
-            self._pool.submit(self._execute, execution)
-        except RuntimeError:
-            self._forget(execution)
+        self._submit(execution)
 
     def _forget(self, execution: Execution | tasks_api.TaskExecution) -> None:
         with self._active_lock:

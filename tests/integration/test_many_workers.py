@@ -158,13 +158,32 @@ class Fleet:
                 statuses.append(None)
         return statuses
 
-    def log_tail(self) -> str:
-        tails = []
-        for path in sorted(self.logs.glob("worker-*.log")):
+    def log_tail(
+        self,
+        procs: list[subprocess.Popen[bytes]] | None = None,
+        statuses: list[int | None] | None = None,
+    ) -> str:
+        """The logs' tails; a process that did not exit 0 gets its whole log, first."""
+        failed: dict[int, int | None] = {}
+        if procs is not None and statuses is not None:
+            failed = {
+                self.procs.index(proc): status
+                for proc, status in zip(procs, statuses, strict=True)
+                if status != 0
+            }
+        heads, tails = [], []
+        for index, proc in enumerate(self.procs):
+            path = self.logs / f"worker-{index}.log"
             text = path.read_text(errors="replace").splitlines()
+            if index in failed:
+                heads.append(
+                    f"--- worker-{index}.log (pid {proc.pid}, exit {failed[index]})\n"
+                    + "\n".join(text[-400:])
+                )
+                continue
             dumped = any("most recent call first" in line for line in text)
             tails.append(f"--- {path.name}\n" + "\n".join(text[-(200 if dumped else 15) :]))
-        return "\n".join(tails)
+        return "\n".join(heads + tails)
 
     def close(self) -> None:
         for proc in self.procs:
@@ -261,14 +280,15 @@ def test_workers_killed_at_random_lose_no_run_and_repeat_no_once_effect(
             live.append(fleet.start())
 
         statuses = fleet.stop(live)
-        assert statuses == [0] * len(live), fleet.log_tail()
+        assert statuses == [0] * len(live), fleet.log_tail(live, statuses)
 
         # A clean worker drains what the killed ones left behind.
         drain = fleet.start()
         try:
             wait_for(lambda: ended_count(app) == RUNS, f"all {RUNS} runs to end", DRAIN_LIMIT)
         finally:
-            assert fleet.stop([drain]) == [0], fleet.log_tail()
+            drained = fleet.stop([drain])
+            assert drained == [0], fleet.log_tail([drain], drained)
 
         assert len(kills) == KILLS, f"only {len(kills)} kills before the runs ended: {kills}"
         infos = {run_id: app.get(run_id) for run_id in run_ids}

@@ -899,6 +899,77 @@ def test_stop_lets_the_current_step_finish_and_releases_the_run(
     assert app.get(handle.run_id).attempt == 2
 
 
+def test_stop_hands_back_a_claimed_run_that_no_thread_picked_up(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    """A claim made just before a stop, still queued for a thread, is handed back at once.
+
+    The worker's only thread is held by a step, so the second claim waits in
+    the thread pool's queue when the stop cancels what is queued. The stop
+    must neither wait out its grace for an execution that never comes nor
+    leave the run claimed until its lease lapses.
+    """
+    app = make_app()
+    entered = threading.Event()
+    gate = threading.Event()
+    calls: Counter[str] = Counter()
+
+    @app.step()
+    def held() -> str:
+        calls["held"] += 1
+        entered.set()
+        assert gate.wait(LIMIT), "the test never opened the gate"
+        return "held"
+
+    @app.step()
+    def quick() -> str:
+        calls["quick"] += 1
+        return "quick"
+
+    @app.workflow()
+    def holds(ctx: perdure.Context) -> str:
+        return held()
+
+    @app.workflow()
+    def queued(ctx: perdure.Context) -> str:
+        return quick()
+
+    # One thread in the pool: no warm holder adds a second.
+    worker = app.worker(**{**WORKER, "concurrency": 1, "warm_for": 0, "grace": LIMIT}).start()
+    first = app.start(holds)
+    stopper: threading.Thread | None = None
+    try:
+        assert entered.wait(LIMIT)
+        second = app.start(queued)
+        # The claim the claim loop would make next, had it a free slot.
+        [claimed] = app.store.claim(
+            app.name, worker.worker_id, app.workflow_versions(), lease_ttl=WORKER["lease_ttl"]
+        )
+        assert claimed.claim.run_id == second.run_id
+        worker._dispatch(claimed)
+        results: list[bool] = []
+        stopper = threading.Thread(target=lambda: results.append(worker.stop(LIMIT)))
+        stopper.start()
+        # Handed back while the held step still runs: nothing waited for it.
+        info = wait_for(
+            lambda: (i := app.get(second.run_id)).state == "queued" and i,
+            "the queued claim to be handed back",
+        )
+        assert stopper.is_alive() and calls == Counter({"held": 1})
+    finally:
+        gate.set()
+    stopper.join(LIMIT)
+    assert not stopper.is_alive() and results == [True]
+    assert (info.state, info.failures) == ("queued", 0)
+    assert kinds(app, second.run_id)[-2:] == ["claimed", "released"]
+    assert journal(app, second.run_id) == []
+
+    with app.worker(**WORKER):
+        assert second.result(timeout=LIMIT) == "quick"
+        assert first.result(timeout=LIMIT) == "held"
+    assert calls == Counter({"held": 1, "quick": 1})
+
+
 # -- cancel while running -------------------------------------------------------------
 
 
