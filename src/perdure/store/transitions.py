@@ -127,9 +127,18 @@ class Transitions(abc.ABC, Generic[C]):
             self._exec(cur, "ledger_append", **batch)
 
     def _append_marks(
-        self, cur: C, claim: port.Claim, last: int, marks: Sequence[port.Mark]
+        self,
+        cur: C,
+        claim: port.Claim,
+        last: int,
+        marks: Sequence[port.Mark],
+        limit: object = None,
     ) -> None:
-        """Append a claimed run's receipts, the last numbered ``last``."""
+        """Append a claimed run's receipts, the last numbered ``last``.
+
+        ``limit`` is the run's ``ledger_limit`` when the write just read it
+        (an adapter may then store the receipts without reading it again).
+        """
         receipts = ledger.numbered(claim.run_id, last, claim.generation, claim.worker, marks)
         self._append(cur, receipts)
 
@@ -423,7 +432,7 @@ class Transitions(abc.ABC, Generic[C]):
         def work(cur: C) -> None:
             row = self._fenced(cur, "finish", claim, canceling, **params)
             self._put_journal(cur, claim.run_id, entries)
-            self._append_marks(cur, claim, row["ledger_sequence"], receipts)
+            self._append_marks(cur, claim, row["ledger_sequence"], receipts, row["ledger_limit"])
             if state != "needs_attention":
                 # A run that needs attention keeps its records until resolve ends it.
                 self._end_runs(cur, [row])

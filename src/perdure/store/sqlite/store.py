@@ -254,7 +254,8 @@ class SqliteStore(
         assert row is not None  # the candidate was read under the same lock
         (claimed,) = self._claimed(cur, [(self.read.run(row), recovered)])
         receipt = port.Mark("recovered" if recovered else "claimed")
-        self._append_marks(cur, claimed.claim, claimed.run.ledger_sequence, [receipt])
+        run = claimed.run
+        self._append_marks(cur, claimed.claim, run.ledger_sequence, [receipt], run.ledger_limit)
         return claimed
 
     # -- journal --------------------------------------------------------------
@@ -272,17 +273,29 @@ class SqliteStore(
         def work(cur: Cursor) -> None:
             row = self._fenced(cur, fence, claim, claim.canceling, receipts=len(marks))
             self._put_journal(cur, claim.run_id, entries)
-            # The fence returned the run's bound: plain inserts, and a trim only when due.
-            last, limit = row["ledger_sequence"], row["ledger_limit"]
-            for receipt in ledger.numbered(
-                claim.run_id, last, claim.generation, claim.worker, marks
-            ):
-                if receipt.sequence > last - limit:
-                    self._exec(cur, "ledger_put", **vars(receipt))
-            if marks and last > limit:
-                self._exec(cur, "ledger_cut", run_id=claim.run_id, upto=last - limit)
+            self._append_marks(cur, claim, row["ledger_sequence"], marks, row["ledger_limit"])
 
         self._transact(work)
+
+    def _append_marks(
+        self,
+        cur: Cursor,
+        claim: port.Claim,
+        last: int,
+        marks: Sequence[port.Mark],
+        limit: object = None,
+    ) -> None:
+        if type(last) is not int or type(limit) is not int or limit < 1:
+            # The bound was not read, or the row holds garbage: ledger_append
+            # reads the bound itself and numbers nothing past a broken one.
+            super()._append_marks(cur, claim, last, marks)
+            return
+        # The write just read the run's bound: plain inserts, and a trim only when due.
+        for receipt in ledger.numbered(claim.run_id, last, claim.generation, claim.worker, marks):
+            if receipt.sequence > last - limit:
+                self._exec(cur, "ledger_put", **vars(receipt))
+        if marks and last > limit:
+            self._exec(cur, "ledger_cut", run_id=claim.run_id, upto=last - limit)
 
     def transaction_step(
         self,

@@ -388,7 +388,8 @@ UPDATE perdure.runs SET
     updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
 WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
   AND (NOT cancel_requested OR %(canceling)s)
-RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin,
+    ledger_limit;
 
 -- name: finish_alone
 -- The end of a run with no parent and no child that closes with it, as ONE

@@ -265,7 +265,8 @@ UPDATE runs SET
     updated_at = :now
 WHERE run_id = :run_id AND generation = :generation AND state = 'running'
   AND (cancel_requested = 0 OR :canceling)
-RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin;
+RETURNING run_id, app, parent_id, state, result, error, generation, ledger_sequence, origin,
+    ledger_limit;
 
 -- name: journal_put
 -- One row per call: SQLite has no arrays, and decoding a JSON batch costs
