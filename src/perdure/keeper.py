@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import IO, Any
 
@@ -127,7 +127,11 @@ class Keeper:
 
     def hold(self, claim: port.Claim) -> None:
         """Renew ``claim`` from now on (a newer generation of a run replaces an older one)."""
-        self._send(_claim_line(claim))
+        self.hold_all([claim])
+
+    def hold_all(self, claims: Sequence[port.Claim]) -> None:
+        """Renew each of ``claims`` from now on, told to the keeper in one write."""
+        self._send_lines([json.dumps(_claim_line(claim)) for claim in claims])
 
     def hold_task(self, key: str, claim: planport.TaskClaim) -> None:
         """Renew a task's claim from now on, under ``key`` (``run_id/task``)."""

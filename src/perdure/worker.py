@@ -25,7 +25,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal
@@ -339,8 +339,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
             failures = 0
             if claimed:
                 self.telemetry.claimed(self.registry.name, len(claimed))
-            for item in claimed:
-                self._dispatch(item)
+            self._dispatch(claimed)
             tasks = self._claim_tasks(free - len(claimed))
             if not claimed and not tasks:
                 self.store.wait_ready(self._idle_timeout())
@@ -443,15 +442,22 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
 
         future.add_done_callback(cancelled)
 
-    def _dispatch(self, claimed: port.Claimed) -> None:
-        if self._take_warm(claimed):
-            return
-        execution = Execution(self, claimed)
-        with self._active_lock:
-            self._active[claimed.claim.run_id] = execution
-        if self._keeper is not None:
-            self._keeper.hold(claimed.claim)
-        self._submit(execution)
+    def _dispatch(self, claimed: Sequence[port.Claimed]) -> None:
+        """Start the executions of runs just claimed (a warm one goes on in its thread)."""
+        executions = []
+        for item in claimed:
+            if self._take_warm(item):
+                continue
+            execution = Execution(self, item)
+            with self._active_lock:
+                self._active[item.claim.run_id] = execution
+            executions.append(execution)
+        if self._keeper is not None and executions:
+            # One line per claim but one write for them all, before any of them
+            # starts: the keeper wakes once per claim batch, not once per run.
+            self._keeper.hold_all([e.claimed.claim for e in executions])
+        for execution in executions:
+            self._submit(execution)
 
     def _forget(self, execution: Execution | tasks_api.TaskExecution) -> None:
         with self._active_lock:

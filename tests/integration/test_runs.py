@@ -946,7 +946,7 @@ def test_stop_hands_back_a_claimed_run_that_no_thread_picked_up(
             app.name, worker.worker_id, app.workflow_versions(), lease_ttl=WORKER["lease_ttl"]
         )
         assert claimed.claim.run_id == second.run_id
-        worker._dispatch(claimed)
+        worker._dispatch([claimed])
         results: list[bool] = []
         stopper = threading.Thread(target=lambda: results.append(worker.stop(LIMIT)))
         stopper.start()

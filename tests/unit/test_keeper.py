@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -115,6 +116,27 @@ def test_a_settled_drop_rides_with_the_next_line_and_any_other_goes_at_once() ->
     # A run given up on may still be running in the store: its lease must lapse on time.
     kept.drop("r2", 1)
     assert pipe.writes[-1] == '{"op": "drop", "run_id": "r2", "generation": 1}\n'
+
+
+def test_the_claims_of_one_batch_reach_the_keeper_in_one_write() -> None:
+    kept = keeper.Keeper("sqlite:///unused.db", lease_ttl=2.0, heartbeat=0.5, on_lost=print)
+    pipe = _Pipe()
+    kept._process = pipe  # type: ignore[assignment]
+    kept.drop("r0", 1, settled=True)
+    at = keeper.datetime.fromisoformat("2026-01-01T00:00:00+00:00")
+    kept.hold_all([port.Claim("r1", "w", 2, at), port.Claim("r2", "w", 5, at)])
+    [write] = pipe.writes
+    lines = [json.loads(line) for line in write.splitlines()]
+    assert [(m["op"], m["run_id"], m["generation"]) for m in lines] == [
+        ("drop", "r0", 1),
+        ("hold", "r1", 2),
+        ("hold", "r2", 5),
+    ]
+    # What the keeper makes of them: the two claims held, none dropped.
+    state = keeper._KeeperState()
+    for message in lines:
+        state.apply(message)
+    assert sorted(state.held) == ["r1", "r2"]
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from perdure import errors
 from perdure.store import port
@@ -45,12 +46,28 @@ def checked_marks(marks: Sequence[port.Mark]) -> list[port.Mark]:
     return list(marks)
 
 
+def numbered_rows(
+    run_id: str, last: int, generation: int, worker: str | None, marks: Sequence[port.Mark]
+) -> list[dict[str, Any]]:
+    """:func:`numbered`, as the rows (column to value) an adapter inserts one by one."""
+    first = last - len(marks) + 1
+    return [
+        {
+            "run_id": run_id,
+            "sequence": first + i,
+            "kind": m.kind,
+            "generation": generation,
+            "worker": worker,
+            "step": m.step,
+            "digest": m.digest,
+            "note": m.note,
+        }
+        for i, m in enumerate(checked_marks(marks))
+    ]
+
+
 def numbered(
     run_id: str, last: int, generation: int, worker: str | None, marks: Sequence[port.Mark]
 ) -> list[Receipt]:
     """Number ``marks`` so that the last gets ``last`` (the run's raised ledger_sequence)."""
-    first = last - len(marks) + 1
-    return [
-        Receipt(run_id, first + i, m.kind, generation, worker, m.step, m.digest, m.note)
-        for i, m in enumerate(checked_marks(marks))
-    ]
+    return [Receipt(**row) for row in numbered_rows(run_id, last, generation, worker, marks)]

@@ -165,9 +165,11 @@ def _execute(conn: sqlite3.Connection, query: str, params: dict[str, Any], path:
     # plain tuples for the bodies of transaction_step.
     cursor = conn.cursor()
     cursor.row_factory = sqlite3.Row
-    for name, value in params.items():
-        if value.__class__ not in _PLAIN:
-            params[name] = _param(value)
+    # One pass in C over the types; the loop runs only when a value needs converting.
+    if not _PLAIN.issuperset(map(type, params.values())):
+        for name, value in params.items():
+            if value.__class__ not in _PLAIN:
+                params[name] = _param(value)
     single = _ONE.get(query)
     try:
         if single is not None:  # nearly every query: no accumulation

@@ -291,9 +291,9 @@ class SqliteStore(
             super()._append_marks(cur, claim, last, marks)
             return
         # The write just read the run's bound: plain inserts, and a trim only when due.
-        for receipt in ledger.numbered(claim.run_id, last, claim.generation, claim.worker, marks):
-            if receipt.sequence > last - limit:
-                self._exec(cur, "ledger_put", **vars(receipt))
+        for row in ledger.numbered_rows(claim.run_id, last, claim.generation, claim.worker, marks):
+            if row["sequence"] > last - limit:
+                self._exec(cur, "ledger_put", **row)
         if marks and last > limit:
             self._exec(cur, "ledger_cut", run_id=claim.run_id, upto=last - limit)
 
