@@ -122,7 +122,7 @@ class Shutdown:
         self._slot_freed.set()
 
     def _unstarted(self, execution: execution_api.Execution | tasks_api.TaskExecution) -> None:
-        """Hand back a claim whose execution a stop cancelled before it began."""
+        """Hand back a claim whose execution a stop cancelled or refused before it began."""
         # Nothing of it ran, so the run or task is ready again at once, and
         # the stop need not wait out its grace for an execution that never comes.
         with contextlib.suppress(Exception, errors.LeaseLost):

@@ -431,8 +431,8 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
         assert self._pool is not None
         try:
             future = self._pool.submit(self._execute, execution)
-        except RuntimeError:
-            self._forget(execution)
+        except RuntimeError:  # the pool is shut down: a stop outlasted the claim loop
+            self._unstarted(execution)
             return
 
         def cancelled(done: Future[None]) -> None:

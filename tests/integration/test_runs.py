@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -968,6 +969,34 @@ def test_stop_hands_back_a_claimed_run_that_no_thread_picked_up(
         assert second.result(timeout=LIMIT) == "quick"
         assert first.result(timeout=LIMIT) == "held"
     assert calls == Counter({"held": 1, "quick": 1})
+
+
+def test_a_claim_dispatched_after_the_pool_shut_down_is_handed_back(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    """A claim loop that outlasts a stop's wait meets a shut pool: its claims go back at once."""
+    app = make_app()
+
+    @app.workflow()
+    def job(ctx: perdure.Context) -> str:
+        return "done"
+
+    # Not started: no claim loop of its own competes for the run.
+    worker = app.worker(**WORKER)
+    worker._pool = ThreadPoolExecutor(1)
+    worker._pool.shutdown()
+    handle = app.start(job)
+    [claimed] = app.store.claim(
+        app.name, worker.worker_id, app.workflow_versions(), lease_ttl=WORKER["lease_ttl"]
+    )
+    worker._dispatch([claimed])
+    info = app.get(handle.run_id)
+    assert (info.state, info.failures) == ("queued", 0)
+    assert kinds(app, handle.run_id)[-2:] == ["claimed", "released"]
+    assert handle.run_id not in worker._active
+
+    with app.worker(**WORKER):
+        assert handle.result(timeout=LIMIT) == "done"
 
 
 # -- cancel while running -------------------------------------------------------------
