@@ -11,6 +11,8 @@ import json
 import multiprocessing
 import os
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,84 @@ def test_connection_runs_in_wal_with_full_sync(store: sqlite.SqliteStore) -> Non
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     finally:
         store._release(conn)
+
+
+# -- group commit ------------------------------------------------------------------
+
+
+def _scratch(store: sqlite.SqliteStore) -> list[str]:
+    conn = sqlite3.connect(store.path)
+    try:
+        return [row[0] for row in conn.execute("SELECT x FROM scratch ORDER BY x")]
+    finally:
+        conn.close()
+
+
+def _insert(value: str, *, fail: bool = False) -> Any:
+    def work(tx: Any) -> str:
+        tx.conn.execute("INSERT INTO scratch (x) VALUES (?)", (value,))
+        if fail:
+            raise RuntimeError(f"{value} failed")
+        return value
+
+    return work
+
+
+def test_a_failed_write_alone_in_its_commit_leaves_nothing(store: sqlite.SqliteStore) -> None:
+    raw(store, "CREATE TABLE scratch (x TEXT)")
+    with pytest.raises(RuntimeError, match="a failed"):
+        store._write(_insert("a", fail=True))
+    assert store._group is None  # the transaction was rolled back and ended
+    assert store._write(_insert("b"))[0] == "b"
+    assert _scratch(store) == ["b"]
+
+
+@pytest.mark.parametrize("second_fails", [False, True])
+def test_writes_queued_behind_each_other_share_one_commit(
+    store: sqlite.SqliteStore, second_fails: bool
+) -> None:
+    """The first write holds its commit for the one queued behind it; a failure of
+    that second write takes back only its own rows."""
+    raw(store, "CREATE TABLE scratch (x TEXT)")
+    commits: list[str] = []
+    original = store._commit
+
+    def commit(group: Any) -> None:
+        commits.append(f"members={group.members}")
+        original(group)
+
+    store._commit = commit  # type: ignore[method-assign]
+    second_queued = threading.Event()
+    results: dict[str, Any] = {}
+
+    def first(tx: Any) -> str:
+        tx.conn.execute("INSERT INTO scratch (x) VALUES ('a')")
+        thread.start()
+        # The second writer is queued once it counts itself and waits on the mutex.
+        assert second_queued.wait(10)
+        deadline = time.monotonic() + 10
+        while store._queued == 0:
+            assert time.monotonic() < deadline, "the second write never queued"
+            time.sleep(0.001)
+        return "a"
+
+    def second() -> None:
+        second_queued.set()
+        try:
+            results["b"] = store._write(_insert("b", fail=second_fails))[0]
+        except RuntimeError as exc:
+            results["b"] = exc
+
+    thread = threading.Thread(target=second)
+    assert store._write(first)[0] == "a"
+    thread.join(10)
+    assert commits == ["members=2"] if not second_fails else commits == ["members=1"]
+    if second_fails:
+        assert isinstance(results["b"], RuntimeError)
+        assert _scratch(store) == ["a"]
+    else:
+        assert results["b"] == "b"
+        assert _scratch(store) == ["a", "b"]
 
 
 # -- waking waiters -------------------------------------------------------------

@@ -323,17 +323,27 @@ class Connections:
             group = self._join_group()
             conn = self._conn_for_writes
             assert conn is not None
-            self._statement(conn, "SAVEPOINT body")
+            # The group's first body needs no savepoint: should it fail, the
+            # transaction holds nothing else, so rolling all of it back is the
+            # same, and most groups have one body (two statements saved a write).
+            alone = group.members == 0
+            if not alone:
+                self._statement(conn, "SAVEPOINT body")
             try:
                 # The clock is read under the lock, so instants follow commit order.
                 tx = Tx(conn, self._now(), self.path)
                 result = work(tx)
             except BaseException:
-                with suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK TO body")
-                    conn.execute("RELEASE body")
+                if alone:
+                    self._abandon(group)
+                    group = None
+                else:
+                    with suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK TO body")
+                        conn.execute("RELEASE body")
                 raise
-            self._statement(conn, "RELEASE body")
+            if not alone:
+                self._statement(conn, "RELEASE body")
             group.members += 1
         finally:
             if group is not None and (self._queued == 0 or group.members >= _GROUP_LIMIT):
@@ -362,6 +372,20 @@ class Connections:
         self._conn_for_writes = conn
         self._group = _Group()
         return self._group
+
+    def _abandon(self, group: _Group) -> None:
+        """Roll back a group whose only body failed, and end it."""
+        conn = self._conn_for_writes
+        self._group, self._conn_for_writes = None, None
+        assert conn is not None
+        try:
+            with suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+        finally:
+            # Still in a transaction only if ROLLBACK failed: then it is closed.
+            self._release(conn)
+            group.committed.set()
 
     def _commit(self, group: _Group) -> None:
         conn = self._conn_for_writes

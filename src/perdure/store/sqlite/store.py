@@ -291,8 +291,21 @@ class SqliteStore(
             super()._append_marks(cur, claim, last, marks)
             return
         # The write just read the run's bound: plain inserts, and a trim only when due.
-        for row in ledger.numbered_rows(claim.run_id, last, claim.generation, claim.worker, marks):
-            if row["sequence"] > last - limit:
+        numbered = ledger.numbered_rows(claim.run_id, last, claim.generation, claim.worker, marks)
+        kept = [row for row in numbered if row["sequence"] > last - limit]
+        if len(kept) == 2:  # a step's start and end: one statement
+            first, second = kept
+            self._exec(
+                cur,
+                "ledger_put_pair",
+                **first,
+                kind_2=second["kind"],
+                step_2=second["step"],
+                digest_2=second["digest"],
+                note_2=second["note"],
+            )
+        else:
+            for row in kept:
                 self._exec(cur, "ledger_put", **row)
         if marks and last > limit:
             self._exec(cur, "ledger_cut", run_id=claim.run_id, upto=last - limit)

@@ -304,6 +304,13 @@ RETURNING sequence > (SELECT ledger_limit FROM runs WHERE run_id = :run_id) AS d
 INSERT INTO ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
 VALUES (:run_id, :sequence, :kind, :now, :generation, :worker, :step, :digest, :note);
 
+-- name: ledger_put_pair
+-- The two receipts of one write (a step's start and end, most often) in one
+-- statement: half the calls of two ledger_put.
+INSERT INTO ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
+VALUES (:run_id, :sequence, :kind, :now, :generation, :worker, :step, :digest, :note),
+       (:run_id, :sequence + 1, :kind_2, :now, :generation, :worker, :step_2, :digest_2, :note_2);
+
 -- name: ledger_cut
 DELETE FROM ledger WHERE run_id = :run_id AND sequence <= :upto;
 
