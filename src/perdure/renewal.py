@@ -2,7 +2,8 @@
 
 :class:`Renewal` is a part of :class:`~perdure.worker.Worker` (a base class of
 it). The claim loop claims nothing until the worker's lease keeper
-(:mod:`perdure.keeper`), if it has one, renews. The heartbeat thread renews
+(:mod:`perdure.keeper`), if it has one, renews, unless the lease outlasts the
+keeper's start by far. The heartbeat thread renews
 the app's owner record (a worker that lost it stops at once) and, under a run
 lease, has the keeper renew the leases of the runs and tasks in flight, or
 renews them itself while the keeper starts or after it exited. A refused
@@ -29,6 +30,13 @@ log = logging.getLogger("perdure.worker")
 # renews from its own heartbeat thread instead.
 _KEEPER_START = 30.0
 
+# A claim made before the keeper renews is safe from a step holding the GIL
+# if the keeper is ready, and has read the claim, before the claim's lease
+# lapses: its first renewal comes one heartbeat after it is ready. A keeper is
+# ready in about 0.15 s, so a worker whose lease leaves this much beyond one
+# heartbeat claims at once; one with a shorter lease waits for its keeper.
+_EARLY_CLAIM = 10.0
+
 
 class Renewal:
     """The lease renewals of a Worker."""
@@ -46,33 +54,50 @@ class Renewal:
     _active_lock: threading.Lock
     _stop_event: threading.Event
     _halt: threading.Event
+    # When the keeper was started (monotonic), for how long it may take to be ready.
+    _keeper_started: float = 0.0
 
     if TYPE_CHECKING:
 
         def stop_now(self) -> None: ...
 
     def _await_keeper(self) -> None:
-        """Claim nothing until the keeper renews.
+        """Claim nothing until the keeper renews, unless the lease outlasts its start.
 
-        A step holding the GIL from the first claim on would otherwise starve
-        the only other renewer, the heartbeat thread.
+        A step holding the GIL from the first claim on starves the heartbeat
+        thread, so its lease rests on the keeper alone. With a lease that
+        leaves :data:`_EARLY_CLAIM` seconds beyond a heartbeat, the keeper is
+        ready and renews long before the claim could lapse (the claim reaches
+        it through its pipe before the step starts), so the worker claims at
+        once and its heartbeat thread renews until the keeper is ready.
         """
         kept = self._keeper
         if kept is None:
             return
-        deadline = time.monotonic() + _KEEPER_START
+        if self.lease_ttl - self.heartbeat >= _EARLY_CLAIM:
+            return
         while not kept.ready.wait(0.05):
-            if self._stop_event.is_set():
+            if self._stop_event.is_set() or self._keeper_failed(kept):
                 return
-            if not kept.alive or time.monotonic() > deadline:
-                log.warning(
-                    "worker %s: the lease keeper did not start; renewing from this process",
-                    self.worker_id,
-                )
-                self._keeper = None
-                self.liveness = "thread"
-                kept.close()
-                return
+
+    def _keeper_failed(self, kept: keeper.Keeper) -> bool:
+        """Give up on a keeper that exited or took too long to start; renew from here."""
+        if kept.ready.is_set():
+            return False
+        if kept.alive and time.monotonic() - self._keeper_started <= _KEEPER_START:
+            return False
+        # The claim loop and the heartbeat thread may both get here: one gives up.
+        with self._active_lock:
+            if self._keeper is not kept:
+                return True
+            self._keeper = None
+            self.liveness = "thread"
+        log.warning(
+            "worker %s: the lease keeper did not start; renewing from this process",
+            self.worker_id,
+        )
+        kept.close()
+        return True
 
     def _lost(self, run_id: str, generation: int, lost: errors.LeaseLost) -> None:
         """Take the keeper's word that a renewal was refused."""
@@ -90,6 +115,8 @@ class Renewal:
                 # runs off; stop claiming, and stop their steps at once.
                 self.stop_now()
             kept = self._keeper
+            if kept is not None and self._keeper_failed(kept):
+                kept = None
             if self.ownership == "none":
                 pass  # no run lease to renew
             elif kept is not None and kept.ready.is_set() and kept.alive:

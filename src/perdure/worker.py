@@ -238,6 +238,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
         if self._keeper is not None:
             try:
                 self._keeper.start()
+                self._keeper_started = time.monotonic()
             except OSError as exc:
                 log.warning(
                     "worker %s: no lease keeper (%s); renewing from a thread", self.worker_id, exc
