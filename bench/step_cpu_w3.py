@@ -12,7 +12,9 @@ alternation::
     PYTHONPATH=$BEFORE/src .venv/bin/python bench/step_cpu_w3.py 1500
     PYTHONPATH=src .venv/bin/python bench/step_cpu_w3.py 1500
 
-$OWNERSHIP picks the worker's posture (run-lease, none, store-lease), $LIVENESS
+$DBPATH drains into a SQLite file prepared beforehand (migrated, and
+changed as the comparison needs) instead of a fresh one. $OWNERSHIP picks the
+worker's posture (run-lease, none, store-lease), $LIVENESS
 where its leases are renewed from (process, thread).
 """
 
@@ -71,7 +73,8 @@ def main() -> None:
     parser.add_argument("--dump", help="with --calls: write the merged profile to this file")
     parser.add_argument("--sort", default="tottime", help="with --top: the pstats sort key")
     args = parser.parse_args()
-    path = os.path.join(tempfile.mkdtemp(), "bench.db")
+    # $DBPATH: a SQLite file prepared beforehand (say, with an index dropped).
+    path = os.environ.get("DBPATH") or os.path.join(tempfile.mkdtemp(), "bench.db")
     url = os.environ.get("URL") or f"sqlite:///{path}"
     app = perdure.App(url, name="bench")
     noop = app.step(name="noop")(_noop)
