@@ -324,8 +324,9 @@ class Connections:
             conn = self._conn_for_writes
             assert conn is not None
             # The group's first body needs no savepoint: should it fail, the
-            # transaction holds nothing else, so rolling all of it back is the
-            # same, and most groups have one body (two statements saved a write).
+            # transaction holds nothing else, so rolling all of it back does the
+            # same. Most groups have one body, so most writes run two statements
+            # fewer.
             alone = group.members == 0
             if not alone:
                 self._statement(conn, "SAVEPOINT body")
