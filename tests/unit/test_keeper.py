@@ -197,6 +197,33 @@ def test_the_keeper_renews_while_the_worker_beats_and_reports_what_it_lost(
     assert not kept.alive
 
 
+def test_a_claim_held_before_the_keeper_is_ready_is_renewed_once_it_is(
+    claimed: tuple[port.Store, port.Claim], store_url: str, busy: subprocess.Popen[bytes]
+) -> None:
+    """A worker with a long lease claims while its keeper starts: the claim waits
+    in the pipe and is renewed with no beat from the worker, whose CPU time grows
+    (a step holding the GIL sends no beat)."""
+    store, claim = claimed
+    kept = keeper.Keeper(
+        store_url, lease_ttl=2.0, heartbeat=0.1, on_lost=lambda *a: None, watch=busy.pid
+    )
+    kept.start()
+    try:
+        kept.hold(claim)
+        # The keeper is a new interpreter: it cannot have opened the store yet.
+        assert not kept.ready.is_set()
+        assert kept.ready.wait(20)
+
+        def renewed() -> bool:
+            run = store.get_run("r1")
+            assert run is not None and run.lease_expires_at is not None
+            return run.lease_expires_at > claim.lease_expires_at
+
+        wait_for(renewed, "the renewal of a claim held before the keeper was ready")
+    finally:
+        kept.close()
+
+
 def test_the_keeper_stops_renewing_when_the_worker_neither_beats_nor_works(
     claimed: tuple[port.Store, port.Claim], store_url: str
 ) -> None:
