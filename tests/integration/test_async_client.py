@@ -98,9 +98,10 @@ def test_every_async_client_call(store_url: str, no_threads: None) -> None:
     assert seen["canceled"] is True
 
     async def finish() -> list[Any]:
+        # Listed before the worker starts: it claims them at once.
+        runs = await app.aruns(state="queued")
+        ids = sorted(r.run_id for r in runs)
         with app.worker():
-            runs = await app.aruns(state="queued")
-            ids = sorted(r.run_id for r in runs)
             return [await app.client.aresult(run_id, timeout=30) for run_id in ids]
 
     results = asyncio.run(finish())
