@@ -163,9 +163,9 @@ def test_writes_queued_behind_each_other_share_one_commit(
     commits: list[str] = []
     original = store._commit
 
-    def commit(group: Any) -> None:
+    def commit(group: Any, **options: Any) -> None:
         commits.append(f"members={group.members}")
-        original(group)
+        original(group, **options)
 
     store._commit = commit  # type: ignore[method-assign]
     second_queued = threading.Event()

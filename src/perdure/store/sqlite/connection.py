@@ -336,7 +336,7 @@ class Connections:
                 result = work(tx)
             except BaseException:
                 if alone:
-                    self._abandon(group)
+                    self._commit(group, abandon=True)
                     group = None
                 else:
                     with suppress(sqlite3.Error):
@@ -374,33 +374,22 @@ class Connections:
         self._group = _Group()
         return self._group
 
-    def _abandon(self, group: _Group) -> None:
-        """Roll back a group whose only body failed, and end it."""
+    def _commit(self, group: _Group, *, abandon: bool = False) -> None:
+        """End the group's transaction: commit it, or roll back one whose only body failed."""
         conn = self._conn_for_writes
         self._group, self._conn_for_writes = None, None
         assert conn is not None
         try:
-            with suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-        finally:
-            # Still in a transaction only if ROLLBACK failed: then it is closed.
-            self._release(conn)
-            group.committed.set()
-
-    def _commit(self, group: _Group) -> None:
-        conn = self._conn_for_writes
-        self._group, self._conn_for_writes = None, None
-        assert conn is not None
-        try:
-            conn.execute("COMMIT")
+            if not abandon:
+                conn.execute("COMMIT")
         except sqlite3.Error as exc:
             group.error = failure(self.path, "a commit", exc)
-            # If even ROLLBACK fails, _release discards the connection.
+        finally:
+            # Abandoned, or a COMMIT that failed: roll back. If even ROLLBACK
+            # fails, _release discards the connection, still in its transaction.
             with suppress(sqlite3.Error):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-        finally:
             self._release(conn)
             group.committed.set()
 
