@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from perdure import errors
@@ -142,6 +142,7 @@ class AppOwner:
         limit: int,
         recover_until: datetime | None,
         dry_run: bool,
+        known: Mapping[str, port.KnownJournal] | None = None,
     ) -> list[port.Claimed]:
         """Claim runs, fenced by the app's record under store-lease."""
         if self.posture != "store-lease" or self.held is None:
@@ -153,6 +154,7 @@ class AppOwner:
                 limit=limit,
                 recover_until=recover_until,
                 dry_run=dry_run,
+                known=known,
             )
         owned = store
         assert isinstance(owned, ownerport.OwnedClaims)
@@ -163,6 +165,7 @@ class AppOwner:
             limit=limit,
             recover_until=recover_until,
             dry_run=dry_run,
+            known=known,
         )
 
     def _took(self) -> None:

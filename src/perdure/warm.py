@@ -38,6 +38,8 @@ class WarmSlot:
         self.run_id = run_id
         # Set once the run is parked in the store: only then may a claim be handed over.
         self.parked = False
+        # The journal as the run was parked with it, offered to this worker's claims.
+        self.known: port.KnownJournal | None = None
         # Set once the park is decided either way (parked, or the slot given up).
         self.settled = threading.Event()
         self._handed = threading.Event()

@@ -115,6 +115,12 @@ class WarmExecution:
             return False
         return True
 
+    def known_journal(self) -> port.KnownJournal | None:
+        """The journal as this execution wrote it, under the claim it holds (None: not replayed)."""
+        if self._cursor is None:
+            return None
+        return port.KnownJournal(self.claim.generation, tuple(self._cursor.entries()))
+
     def _resume(self, claimed: port.Claimed) -> None:
         """Go on under a new claim of the run, from where its code waits."""
         self.claimed = claimed

@@ -69,7 +69,9 @@ class WarmSlots:
                 del self._active[execution.key]
         if self._keeper is not None:
             self._keeper.drop(execution.key, execution.claim.generation, settled=True)
+        known = execution.known_journal()
         with self._warm_lock:
+            slot.known = known
             slot.parked = True
         slot.settled.set()
         self._slot_freed.set()
@@ -92,6 +94,17 @@ class WarmSlots:
             self._warm.clear()
         for slot in slots:
             slot.hand(None)
+
+    def _known_journals(self) -> dict[str, port.KnownJournal] | None:
+        """The journals of the runs parked warm here, for the claim to take instead of reading."""
+        if not self._warm:
+            return None
+        with self._warm_lock:
+            return {
+                run_id: slot.known
+                for run_id, (slot, _) in self._warm.items()
+                if slot.parked and slot.known is not None
+            }
 
     def _take_warm(self, claimed: port.Claimed) -> bool:
         """Hand a claim to the run's warm execution, if it waits here and still fits."""

@@ -25,8 +25,9 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -304,6 +305,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                     last_sweep = time.monotonic()
                     self.store.sweep()
                     self._prune()
+                known = self._known_journals()
                 claimed = self._owner.claim(
                     self.store,
                     self.registry.workflow_versions(),
@@ -311,6 +313,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                     limit=free,
                     recover_until=self._clock_watch.recover_until(time.monotonic()),
                     dry_run=self.dry_run,
+                    known=known,
                 )
             except errors.OwnershipConflict as exc:
                 if exc.holder != self.worker_id:
@@ -340,7 +343,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
             failures = 0
             if claimed:
                 self.telemetry.claimed(self.registry.name, len(claimed))
-            self._dispatch(claimed)
+            self._dispatch(claimed, known)
             tasks = self._claim_tasks(free - len(claimed))
             if not claimed and not tasks:
                 self.store.wait_ready(self._idle_timeout())
@@ -443,12 +446,29 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
 
         future.add_done_callback(cancelled)
 
-    def _dispatch(self, claimed: Sequence[port.Claimed]) -> None:
+    def _dispatch(
+        self,
+        claimed: Sequence[port.Claimed],
+        known: Mapping[str, port.KnownJournal] | None = None,
+    ) -> None:
         """Start the executions of runs just claimed (a warm one goes on in its thread)."""
         executions = []
         for item in claimed:
             if self._take_warm(item):
                 continue
+            if known and item.claim.run_id in known:
+                # Its warm execution let go meanwhile. The journal the claim
+                # returned is the one it knew (the claim proved it current);
+                # a replay reads the stored one, as it always does.
+                try:
+                    item = replace(item, journal=self.store.journal(item.claim.run_id))
+                except Exception as exc:
+                    log.debug(
+                        "worker %s: journal of %s unread: %s",
+                        self.worker_id,
+                        item.claim.run_id,
+                        exc,
+                    )
             execution = Execution(self, item)
             with self._active_lock:
                 self._active[item.claim.run_id] = execution

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import perdure
 from perdure import warm
@@ -41,6 +42,81 @@ def test_a_run_that_waits_goes_on_in_place_without_a_replay(
     assert len(entered) == 1
     kinds = [h.kind for h in app.history(handle.run_id)]
     assert kinds.count("parked") == 5 and kinds.count("claimed") == 6
+
+
+def _recording_claims(store: port.Store) -> list[dict[str, port.KnownJournal] | None]:
+    """Record the journals each claim of ``store`` is offered (wraps the object's claim)."""
+    offered: list[dict[str, port.KnownJournal] | None] = []
+    claim = store.claim
+
+    def recorded(*args: Any, **kwargs: Any) -> list[port.Claimed]:
+        known = kwargs.get("known")
+        found = claim(*args, **kwargs)
+        if found:
+            offered.append(None if known is None else dict(known))
+        return found
+
+    store.claim = recorded  # type: ignore[method-assign]
+    return offered
+
+
+def test_a_warm_run_is_claimed_with_the_journal_its_worker_holds(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    app = make_app()
+    entered: list[int] = []
+
+    @app.workflow()
+    def gatherer(ctx: perdure.Context, count: int) -> list[int]:
+        entered.append(1)
+        return [ctx.wait("item") for _ in range(count)]
+
+    handle = app.start(gatherer, 3)
+    offered = _recording_claims(app.store)
+    with app.worker(warm_for=10):
+        for i in range(3):
+            _until(lambda: app.get(handle.run_id).state == "waiting")
+            parked_with = app.store.journal(handle.run_id)
+            app.signal(handle.run_id, "item", i)
+            _until(lambda n=i + 2: len(offered) == n)
+            held = (offered[-1] or {})[handle.run_id]
+            # The claim that took the run up again was offered exactly what was stored.
+            assert (held.generation, list(held.journal)) == (i + 1, parked_with)
+        assert handle.result(timeout=WAIT) == [0, 1, 2]
+    assert offered[0] is None
+    assert len(entered) == 1
+
+
+def test_a_claim_its_warm_thread_did_not_take_replays_the_stored_journal(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    app = make_app()
+    entered: list[int] = []
+
+    @app.workflow()
+    def gatherer(ctx: perdure.Context, count: int) -> list[int]:
+        entered.append(1)
+        return [ctx.wait("item") for _ in range(count)]
+
+    handle = app.start(gatherer, 2)
+    read: list[str] = []
+    journal = app.store.journal
+
+    def counted(run_id: str) -> list[port.JournalEntry]:
+        read.append(run_id)
+        return journal(run_id)
+
+    app.store.journal = counted  # type: ignore[method-assign]
+    worker = app.worker(warm_for=0.5)
+    # As if each warm thread had let go between the claim and its hand-over.
+    worker._take_warm = lambda claimed: False  # type: ignore[method-assign]
+    with worker:
+        for i in range(2):
+            _until(lambda: app.get(handle.run_id).state == "waiting")
+            app.signal(handle.run_id, "item", i)
+        assert handle.result(timeout=WAIT) == [0, 1]
+    assert len(entered) == 3  # every wake replayed
+    assert read.count(handle.run_id) >= 2
 
 
 def test_without_warm_parking_every_wake_replays(make_app: Callable[..., perdure.App]) -> None:

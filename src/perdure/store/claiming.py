@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import TypeVar
@@ -38,6 +38,7 @@ class ClaimTransitions(transitions.Transitions[C]):
         ttl: float,
         limit: int,
         recover_until: datetime | None,
+        known: Mapping[str, port.KnownJournal],
         dry_run: bool = False,
     ) -> list[port.Claimed]:
         """Claim up to ``limit`` ready runs in this transaction, setting corrupt ones aside.
@@ -56,6 +57,7 @@ class ClaimTransitions(transitions.Transitions[C]):
         limit: int = 1,
         recover_until: datetime | None = port.RECOVER_ANY,
         dry_run: bool = False,
+        known: Mapping[str, port.KnownJournal] | None = None,
     ) -> list[port.Claimed]:
         """Claim up to ``limit`` ready runs; a run whose rows fail validation is set aside.
 
@@ -69,7 +71,7 @@ class ClaimTransitions(transitions.Transitions[C]):
             return []
         return self._transact(
             lambda cur: self._claim_all(
-                cur, app, worker, workflows, ttl, limit, recover_until, dry_run
+                cur, app, worker, workflows, ttl, limit, recover_until, dry_run, known or {}
             )
         )
 
@@ -85,6 +87,7 @@ class ClaimTransitions(transitions.Transitions[C]):
         limit: int,
         recover_until: datetime | None,
         dry_run: bool,
+        known: Mapping[str, port.KnownJournal],
     ) -> list[port.Claimed]:
         """Claim runs in no queue and runs in queues, in one transaction.
 
@@ -92,7 +95,9 @@ class ClaimTransitions(transitions.Transitions[C]):
         runs in no queue only.
         """
         if dry_run:
-            return self._claim(cur, app, worker, workflows, ttl, limit, recover_until, dry_run=True)
+            return self._claim(
+                cur, app, worker, workflows, ttl, limit, recover_until, known, dry_run=True
+            )
         self._claims_made += 1
         queued_first = self._claims_made % 2 == 0
         # Runs in queues and the others take turns to go first, so that
@@ -102,7 +107,7 @@ class ClaimTransitions(transitions.Transitions[C]):
             claimed += self._claim_queued(cur, app, worker, workflows, ttl, limit)
         if len(claimed) < limit:
             left = limit - len(claimed)
-            claimed += self._claim(cur, app, worker, workflows, ttl, left, recover_until)
+            claimed += self._claim(cur, app, worker, workflows, ttl, left, recover_until, known)
         if not queued_first and len(claimed) < limit:
             left = limit - len(claimed)
             claimed += self._claim_queued(cur, app, worker, workflows, ttl, left)
@@ -135,16 +140,54 @@ class ClaimTransitions(transitions.Transitions[C]):
         )
         self._append(cur, [receipt])
 
-    def _claimed(self, cur: C, found: Sequence[tuple[port.Run, bool]]) -> list[port.Claimed]:
-        """Return the claims of runs just claimed, each ``(run, recovered)``, with their records."""
+    def _unchanged(
+        self,
+        cur: C,
+        known: Mapping[str, port.KnownJournal],
+        run_id: str,
+        prior_state: str,
+        prior_generation: int,
+    ) -> list[port.JournalEntry] | None:
+        """The journal a claimer holds for a run just claimed, if the claim proves it current.
+
+        Found not running at the generation it was parked with, the run has had
+        no claim since. Only ``resolve`` could have changed its journal then,
+        and only an entry still ``started``: those (a parked run's waits, at
+        its end) are read back and compared (see :class:`port.KnownJournal`).
+        """
+        held = known.get(run_id)
+        if held is None or prior_state == "running" or prior_generation != held.generation:
+            return None
+        journal = list(held.journal)
+        first = next((i for i, e in enumerate(journal) if e.status == "started"), None)
+        if first is not None:
+            after = journal[first].position - 1
+            rows = self._exec(cur, "journal_after", run_id=run_id, after_position=after)
+            if [self.read.entry(row) for row in rows.fetchall()] != journal[first:]:
+                return None
+        return journal
+
+    def _claimed(
+        self,
+        cur: C,
+        found: Sequence[tuple[port.Run, bool]],
+        held: Mapping[str, list[port.JournalEntry]] | None = None,
+    ) -> list[port.Claimed]:
+        """Return the claims of runs just claimed, each ``(run, recovered)``, with their records.
+
+        The journals in ``held`` (by run id, see :meth:`_unchanged`) are not read again.
+        """
+        journals: dict[str, list[port.JournalEntry]] = dict(held or {})
         run_ids = [run.run_id for run, _ in found]
+        unread = [run_id for run_id in run_ids if run_id not in journals]
         # One run (SQLite claims them one by one) reads its rows by key, which
         # costs about half of a lookup through a list of ids.
+        if unread:
+            one = {"run_id": unread[0]} if len(unread) == 1 else None
+            query, params = ("journal", one) if one else ("journals", {"run_ids": unread})
+            for row in self._exec(cur, query, **params).fetchall():
+                journals.setdefault(row["run_id"], []).append(self.read.entry(row))
         one = {"run_id": run_ids[0]} if len(run_ids) == 1 else None
-        journals: dict[str, list[port.JournalEntry]] = {}
-        query, params = ("journal", one) if one else ("journals", {"run_ids": run_ids})
-        for row in self._exec(cur, query, **params).fetchall():
-            journals.setdefault(row["run_id"], []).append(self.read.entry(row))
         outcomes: dict[str, list[port.Outcome]] = {}
         query, params = ("outcomes", one) if one else ("outcomes_of_runs", {"run_ids": run_ids})
         for row in self._exec(cur, query, **params).fetchall():

@@ -12,7 +12,7 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -88,6 +88,7 @@ class OwnedClaims(Protocol):
         limit: int = 1,
         recover_until: datetime | None = port.RECOVER_ANY,
         dry_run: bool = False,
+        known: Mapping[str, port.KnownJournal] | None = None,
     ) -> list[port.Claimed]:
         """Claim as :meth:`port.Store.claim` does, only while ``owned`` is the live record.
 

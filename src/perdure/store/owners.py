@@ -7,7 +7,7 @@ under "App owners".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TypeVar
 
@@ -83,6 +83,7 @@ class OwnerTransitions(claiming.ClaimTransitions[C]):
         limit: int = 1,
         recover_until: datetime | None = port.RECOVER_ANY,
         dry_run: bool = False,
+        known: Mapping[str, port.KnownJournal] | None = None,
     ) -> list[port.Claimed]:
         """Claim only while ``owned`` is the app's live record (see ownerport.OwnedClaims)."""
         ttl = transitions.seconds(lease_ttl, "lease_ttl", positive=True)
@@ -106,6 +107,8 @@ class OwnerTransitions(claiming.ClaimTransitions[C]):
                     "none" if found is None else found["posture"],
                     0.0 if found is None else float(found["expires_in"]),
                 )
-            return self._claim_all(cur, app, holder, workflows, ttl, limit, recover_until, dry_run)
+            return self._claim_all(
+                cur, app, holder, workflows, ttl, limit, recover_until, dry_run, known or {}
+            )
 
         return self._transact(work)

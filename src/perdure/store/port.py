@@ -52,7 +52,7 @@ The records the operations take and return are defined in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
@@ -82,6 +82,7 @@ Outcome = records.Outcome
 NewMessage = records.NewMessage
 Message = records.Message
 Claimed = records.Claimed
+KnownJournal = records.KnownJournal
 Census = records.Census
 
 
@@ -197,6 +198,7 @@ class Store(Protocol):
         limit: int = 1,
         recover_until: datetime | None = RECOVER_ANY,
         dry_run: bool = False,
+        known: Mapping[str, KnownJournal] | None = None,
     ) -> list[Claimed]:
         """Claim up to ``limit`` ready runs of ``app`` whose (workflow, version) is listed.
 
@@ -221,6 +223,12 @@ class Store(Protocol):
         tolerance, so that a step between its reading and this claim makes the
         claim recover nothing. The default, :data:`RECOVER_ANY`, trusts the
         store's clock.
+
+        ``known`` maps run ids to the journals the caller holds for runs it
+        parked (:class:`KnownJournal`). A claimed run found not running at the
+        generation given there comes back with that journal once its
+        ``started`` entries are read back unchanged, not read whole again; any
+        other run's journal is read as always.
         """
         ...
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -337,6 +337,23 @@ class Claimed:
     journal: list[JournalEntry]
     outcomes: list[Outcome] = field(default_factory=list)
     recovered: bool = False
+
+
+@dataclass(frozen=True)
+class KnownJournal:
+    """The journal a claimer already holds for a run it parked, at the generation it parked.
+
+    A run's journal grows and changes only under a claim of the run, fenced
+    by its generation; the one exception, ``resolve``, settles an entry that
+    is still ``started``. A run that a claim finds not running (parked, then
+    woken or due) at the generation its holder parked it with has had no
+    claim since, so only the ``started`` entries of ``journal`` (a parked
+    run's waits) can differ from the stored ones: the claim reads those back
+    and, if they are as held, returns ``journal`` instead of reading it all.
+    """
+
+    generation: int
+    journal: Sequence[JournalEntry]
 
 
 @dataclass(frozen=True)

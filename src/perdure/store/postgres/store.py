@@ -26,7 +26,7 @@ helpers and the same named queries (``postgres/sql/queries.sql``, listed in
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -225,6 +225,7 @@ class PostgresStore(
         ttl: float,
         limit: int,
         recover_until: datetime | None,
+        known: Mapping[str, port.KnownJournal],
         dry_run: bool = False,
     ) -> list[port.Claimed]:
         params: dict[str, Any] = {
@@ -241,7 +242,7 @@ class PostgresStore(
         while True:
             try:
                 with cur.connection.transaction():  # a savepoint
-                    return self._claim_once(cur, exclude=exclude, **params)
+                    return self._claim_once(cur, known, exclude=exclude, **params)
             except errors.CorruptState as exc:
                 # Claiming that run again would fail again and starve the others.
                 if exc.run_id is None or exc.run_id in exclude:
@@ -253,7 +254,9 @@ class PostgresStore(
     def _wanted(self, workflows: Sequence[tuple[str, str]]) -> dict[str, Any]:
         return {"workflows": [w for w, _ in workflows], "versions": [v for _, v in workflows]}
 
-    def _claim_once(self, cur: Cursor, **params: Any) -> list[port.Claimed]:
+    def _claim_once(
+        self, cur: Cursor, known: Mapping[str, port.KnownJournal], **params: Any
+    ) -> list[port.Claimed]:
         claimed = self._exec(cur, "claim", **params).fetchall()
         if not claimed:
             return []
@@ -268,7 +271,14 @@ class PostgresStore(
             ):
                 raise rows.corrupt(row["run_id"], "run_worker_id", f"worker {worker!r}")
         found = [(self.read.run(row), row["prior_state"] == "running") for row in claimed]
-        return self._claimed(cur, found)
+        held = {}
+        for row in claimed if known else ():
+            run_id = row["run_id"]
+            prior = (row["prior_state"], row["prior_generation"])
+            unchanged = self._unchanged(cur, known, run_id, *prior)
+            if unchanged is not None:
+                held[run_id] = unchanged
+        return self._claimed(cur, found, held)
 
     # -- journal --------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -222,6 +222,7 @@ class SqliteStore(
         ttl: float,
         limit: int,
         recover_until: datetime | None,
+        known: Mapping[str, port.KnownJournal],
         dry_run: bool = False,
     ) -> list[port.Claimed]:
         wanted = json.dumps([[name, version] for name, version in workflows])
@@ -236,7 +237,7 @@ class SqliteStore(
         for candidate in self._exec(cur, "claim", **params):
             cur.conn.execute("SAVEPOINT claim_once")
             try:
-                claimed.append(self._claim_once(cur, candidate, worker, ttl))
+                claimed.append(self._claim_once(cur, candidate, worker, ttl, known))
             except errors.CorruptState as exc:
                 # Claiming that run again would fail again and starve the others.
                 cur.conn.execute("ROLLBACK TO claim_once")
@@ -247,13 +248,26 @@ class SqliteStore(
     def _wanted(self, workflows: Sequence[tuple[str, str]]) -> dict[str, Any]:
         return {"workflows": json.dumps([[name, version] for name, version in workflows])}
 
-    def _claim_once(self, cur: Cursor, candidate: Row, worker: str, ttl: float) -> port.Claimed:
-        recovered = self.read.claim_prior(candidate) == "running"
-        params = {"run_id": candidate["run_id"], "worker": worker, "lease_ttl": ttl}
+    def _claim_once(
+        self,
+        cur: Cursor,
+        candidate: Row,
+        worker: str,
+        ttl: float,
+        known: Mapping[str, port.KnownJournal],
+    ) -> port.Claimed:
+        prior = self.read.claim_prior(candidate)
+        run_id = candidate["run_id"]
+        params = {"run_id": run_id, "worker": worker, "lease_ttl": ttl}
         row = self._exec(cur, "claim_one", **params).fetchone()
         assert row is not None  # the candidate was read under the same lock
-        (claimed,) = self._claimed(cur, [(self.read.run(row), recovered)])
-        receipt = port.Mark("recovered" if recovered else "claimed")
+        held = {}
+        if known:
+            unchanged = self._unchanged(cur, known, run_id, prior, candidate["generation"])
+            if unchanged is not None:
+                held[run_id] = unchanged
+        (claimed,) = self._claimed(cur, [(self.read.run(row), prior == "running")], held)
+        receipt = port.Mark("recovered" if prior == "running" else "claimed")
         run = claimed.run
         self._append_marks(cur, claimed.claim, run.ledger_sequence, [receipt], run.ledger_limit)
         return claimed

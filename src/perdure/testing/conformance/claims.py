@@ -209,6 +209,83 @@ class ClaimTests(Suite):
         assert again.outcomes == [stored]
         assert again.run.state == "running"
 
+    # == a journal the claimer holds =====================================
+
+    def _woken_at_generation_one(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> tuple[port.Run, list[port.JournalEntry], port.Outcome]:
+        """Return a run parked by its first claim and woken since, its journal and outcome."""
+        run = start(store)
+        first = claim_run(store, run)
+        # As the engine parks: the wait's entry stays started until it is met.
+        entries = [entry(1), entry(2, "started", name="approval", kind="wait")]
+        assert store.park(first.claim, entries, [port.WaitSpec("approval", "signal")], wake_at=None)
+        stored, _ = store.settle_wait(
+            run.run_id, "approval", signaled(run.run_id, "approval", clock.now())
+        )
+        return run, entries, stored
+
+    def test_a_journal_held_at_the_parked_generation_is_taken_not_read(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run, _, stored = self._woken_at_generation_one(store, clock)
+        # Unlike the stored journal where it is settled, so that reading it would show;
+        # its started entry is read back and found as stored.
+        held = (entry(1, name="as-held"), entry(2, "started", name="approval", kind="wait"))
+        known = {run.run_id: port.KnownJournal(1, held), "another-run": port.KnownJournal(1, ())}
+        (again,) = store.claim(
+            APP, WORKER, [(run.workflow, run.version)], lease_ttl=TTL, known=known
+        )
+        assert (again.claim.generation, again.recovered) == (2, False)
+        assert again.journal == list(held)
+        assert again.outcomes == [stored]
+        assert kinds(store, run.run_id)[-1] == "claimed"
+
+    def test_a_journal_held_at_an_older_generation_is_read_again(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run, entries, _ = self._woken_at_generation_one(store, clock)
+        # Another claimer took the run meanwhile and parked it again.
+        other = claim_run(store, run, worker=OTHER_WORKER)
+        more = [entry(3, name="later", kind="sleep")]
+        assert store.park(other.claim, more, [], wake_at=clock.now() + timedelta(seconds=10))
+        clock.advance(11)
+        known = {run.run_id: port.KnownJournal(1, (entry(1, name="as-held"),))}
+        (again,) = store.claim(
+            APP, WORKER, [(run.workflow, run.version)], lease_ttl=TTL, known=known
+        )
+        assert again.claim.generation == 3
+        assert again.journal == [*entries, *more]
+
+    def test_a_journal_held_whose_started_entries_differ_is_read_again(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        # resolve may settle a started entry without a claim: one that differs is read.
+        run, entries, _ = self._woken_at_generation_one(store, clock)
+        held = (entry(1, "started"), entry(2, "started", name="approval", kind="wait"))
+        (again,) = store.claim(
+            APP,
+            WORKER,
+            [(run.workflow, run.version)],
+            lease_ttl=TTL,
+            known={run.run_id: port.KnownJournal(1, held)},
+        )
+        assert again.journal == entries
+
+    def test_a_journal_held_for_a_lapsed_run_is_read_again(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        first = claim_run(store, run, lease_ttl=10)
+        store.finish_step(first.claim, [entry(1)])
+        clock.advance(11)
+        known = {run.run_id: port.KnownJournal(1, ())}
+        (again,) = store.claim(
+            APP, WORKER, [(run.workflow, run.version)], lease_ttl=TTL, known=known
+        )
+        assert (again.recovered, again.claim.generation) == (True, 2)
+        assert again.journal == [entry(1)]
+
     # == claims under clock steps ========================================
 
     def _lapsed(self, store: port.Store, clock: clocks.FakeClock) -> port.Run:
