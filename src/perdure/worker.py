@@ -345,7 +345,11 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                 self.telemetry.claimed(self.registry.name, len(claimed))
             self._dispatch(claimed, known)
             tasks = self._claim_tasks(free - len(claimed))
-            if not claimed and not tasks:
+            if len(claimed) + tasks < free:
+                # Short of the slots free: nothing else was ready. Whatever
+                # becomes ready from here is announced, and an announcement
+                # made meanwhile ends this wait at once, so claiming again
+                # now would only find nothing.
                 self.store.wait_ready(self._idle_timeout())
 
     def _prune(self) -> None:

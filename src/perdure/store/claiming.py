@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import TypeVar
@@ -172,10 +172,12 @@ class ClaimTransitions(transitions.Transitions[C]):
         cur: C,
         found: Sequence[tuple[port.Run, bool]],
         held: Mapping[str, list[port.JournalEntry]] | None = None,
+        bare: Collection[str] = (),
     ) -> list[port.Claimed]:
         """Return the claims of runs just claimed, each ``(run, recovered)``, with their records.
 
-        The journals in ``held`` (by run id, see :meth:`_unchanged`) are not read again.
+        The journals in ``held`` (by run id, see :meth:`_unchanged`) are not
+        read again, nor the outcomes of the runs in ``bare`` (known to have none).
         """
         journals: dict[str, list[port.JournalEntry]] = dict(held or {})
         run_ids = [run.run_id for run, _ in found]
@@ -187,11 +189,13 @@ class ClaimTransitions(transitions.Transitions[C]):
             query, params = ("journal", one) if one else ("journals", {"run_ids": unread})
             for row in self._exec(cur, query, **params).fetchall():
                 journals.setdefault(row["run_id"], []).append(self.read.entry(row))
-        one = {"run_id": run_ids[0]} if len(run_ids) == 1 else None
         outcomes: dict[str, list[port.Outcome]] = {}
-        query, params = ("outcomes", one) if one else ("outcomes_of_runs", {"run_ids": run_ids})
-        for row in self._exec(cur, query, **params).fetchall():
-            outcomes.setdefault(row["run_id"], []).append(self.read.outcome(row))
+        unread = [run_id for run_id in run_ids if run_id not in bare]
+        if unread:
+            one = {"run_id": unread[0]} if len(unread) == 1 else None
+            query, params = ("outcomes", one) if one else ("outcomes_of_runs", {"run_ids": unread})
+            for row in self._exec(cur, query, **params).fetchall():
+                outcomes.setdefault(row["run_id"], []).append(self.read.outcome(row))
         result = []
         for run, recovered in found:
             assert run.worker is not None and run.lease_expires_at is not None

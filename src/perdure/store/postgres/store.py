@@ -271,14 +271,24 @@ class PostgresStore(
             ):
                 raise rows.corrupt(row["run_id"], "run_worker_id", f"worker {worker!r}")
         found = [(self.read.run(row), row["prior_state"] == "running") for row in claimed]
-        held = {}
-        for row in claimed if known else ():
+        held: dict[str, list[port.JournalEntry]] = {}
+        bare: set[str] = set()
+        for row in claimed:
             run_id = row["run_id"]
+            if row["prior_generation"] == 0 and row["prior_worker"] is None:
+                # Never claimed: what the claim saw of its journal is all there
+                # is (written with the run, or never). An outcome delivered
+                # since is found when the run waits, as if it came just after.
+                if not row["has_journal"]:
+                    held[run_id] = []
+                if not row["has_outcomes"]:
+                    bare.add(run_id)
+                continue
             prior = (row["prior_state"], row["prior_generation"])
-            unchanged = self._unchanged(cur, known, run_id, *prior)
+            unchanged = self._unchanged(cur, known, run_id, *prior) if known else None
             if unchanged is not None:
                 held[run_id] = unchanged
-        return self._claimed(cur, found, held)
+        return self._claimed(cur, found, held, bare)
 
     # -- journal --------------------------------------------------------------
 

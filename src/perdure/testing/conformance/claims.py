@@ -27,6 +27,7 @@ from perdure.testing.conformance.harness import (
     entry,
     get,
     kinds,
+    new_run,
     run_processes,
     run_threads,
     signaled,
@@ -208,6 +209,25 @@ class ClaimTests(Suite):
         assert again.journal == entries
         assert again.outcomes == [stored]
         assert again.run.state == "running"
+
+    def test_a_first_claim_carries_what_came_before_it(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        # A run created with a journal, and signaled before anyone claimed it.
+        entries = [entry(1), entry(2, "started", name="approval", kind="wait")]
+        run, _ = store.create_run(new_run(), entries)
+        stored, created = store.settle_wait(
+            run.run_id, "approval", signaled(run.run_id, "approval", clock.now())
+        )
+        assert created
+        bare = start(store, workflow=run.workflow)
+        claimed = {
+            c.run.run_id: c
+            for c in store.claim(APP, WORKER, [(run.workflow, run.version)], lease_ttl=TTL, limit=5)
+        }
+        assert set(claimed) == {run.run_id, bare.run_id}
+        assert (claimed[run.run_id].journal, claimed[run.run_id].outcomes) == (entries, [stored])
+        assert (claimed[bare.run_id].journal, claimed[bare.run_id].outcomes) == ([], [])
 
     # == a journal the claimer holds =====================================
 

@@ -242,7 +242,14 @@ WITH wanted AS (
     DELETE FROM perdure.ledger AS l USING claimed AS c
     WHERE l.run_id = c.run_id AND l.sequence <= c.ledger_sequence - c.ledger_limit
 )
-SELECT * FROM claimed ORDER BY updated_at, run_id;
+-- Whether each run has journal entries and outcomes, so that a claim of a
+-- fresh run (whose journal, if any, came with its row) reads neither when it
+-- has none. This statement's snapshot may miss what committed while it waited;
+-- only a run never claimed before is judged by it (see _claim_once).
+SELECT c.*,
+       EXISTS (SELECT 1 FROM perdure.journal AS j WHERE j.run_id = c.run_id) AS has_journal,
+       EXISTS (SELECT 1 FROM perdure.outcomes AS o WHERE o.run_id = c.run_id) AS has_outcomes
+FROM claimed AS c ORDER BY updated_at, run_id;
 
 -- name: quarantine
 -- A claim candidate whose rows cannot be read is set aside, so that it stops
