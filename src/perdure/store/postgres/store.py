@@ -240,16 +240,21 @@ class PostgresStore(
         }
         exclude: list[str] = []
         while True:
+            # No parameters: psycopg sends both statements of each in one round trip.
+            cur.execute(_Q["claim_open"])
             try:
-                with cur.connection.transaction():  # a savepoint
-                    return self._claim_once(cur, known, exclude=exclude, **params)
+                claimed = self._claim_once(cur, known, exclude=exclude, **params)
             except errors.CorruptState as exc:
                 # Claiming that run again would fail again and starve the others.
                 if exc.run_id is None or exc.run_id in exclude:
                     raise
                 log.error("claim sets run %s aside: %s", exc.run_id, exc)
+                cur.execute(_Q["claim_undo"])
                 exclude.append(exc.run_id)
                 self._quarantine(cur, exc.run_id, exc)
+                continue
+            cur.execute(_Q["claim_close"])
+            return claimed
 
     def _wanted(self, workflows: Sequence[tuple[str, str]]) -> dict[str, Any]:
         return {"workflows": [w for w, _ in workflows], "versions": [v for _, v in workflows]}

@@ -149,6 +149,22 @@ SELECT * FROM perdure.outcomes WHERE run_id = %(run_id)s ORDER BY at, name;
 -- name: outcomes_of_runs
 SELECT * FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY run_id, at, name;
 
+-- name: claim_open
+-- Run with no parameters (two statements, one round trip) before the claim.
+-- The savepoint lets a corrupt candidate's claim be undone alone. The claim
+-- is planned generically: planning it with its values took longer than
+-- running it, on every call, and each of its ranges names its index's own
+-- order, so the generic plan walks the same indexes.
+SAVEPOINT perdure_claim; SET LOCAL plan_cache_mode = force_generic_plan;
+
+-- name: claim_close
+-- After the claim: what follows in its transaction (the queue queries,
+-- planned with their values) is planned as configured again.
+RELEASE SAVEPOINT perdure_claim; SET LOCAL plan_cache_mode = DEFAULT;
+
+-- name: claim_undo
+ROLLBACK TO SAVEPOINT perdure_claim; RELEASE SAVEPOINT perdure_claim;
+
 -- name: claim
 -- One ordered, SKIP LOCKED index range per way a run becomes claimable, each
 -- cut at the limit, so workers step over each other's candidates and a large
