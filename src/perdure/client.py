@@ -43,6 +43,9 @@ R = TypeVar("R")
 # unless a worker of this process reports the run's end first (see endings).
 POLL_FIRST = 0.001
 POLL_MAX = 0.02
+# The longest wait without a read while a worker of this process has the run
+# (it wakes the caller when it ends or lets the run go).
+HELD_PAUSE = 0.25
 
 
 def athread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
@@ -264,24 +267,39 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls, repairs.Repairs):
         """Wait for the run to end; return its result or raise RunFailed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = POLL_FIRST
+        hub = endings.of(self.store)
         # Registered before the first read, so that an end reported by a
         # worker of this process in between is not missed.
-        with endings.of(self.store).watch(run_id) as ended:
+        with hub.watch(run_id) as watch:
             while True:
+                watch.reported = False
+                if watch.ended is not None:
+                    # What a worker here committed, handed over: no read back.
+                    value = handles.decode_column(run_id, "result", watch.ended.result)
+                    return codec.convert(self.payloads.open(value), hint)
                 info = self._current_info(run_id)
                 if info.state == "succeeded":
                     return codec.convert(info.result, hint)
                 if info.done:
                     raise errors.RunFailed(run_id, info.state, info.error)
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    raise errors.ResultTimeout(
-                        f"run {run_id} is still {info.state} after {timeout}s"
-                    )
-                left = pause if deadline is None else min(pause, max(0.0, deadline - now))
-                ended.wait(left)
-                ended.clear()
-                pause = min(pause * 1.3, POLL_MAX)
+                while True:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        raise errors.ResultTimeout(
+                            f"run {run_id} is still {info.state} after {timeout}s"
+                        )
+                    # While a worker here has the run, it wakes this wait when
+                    # the run ends or is let go: no read is needed until then.
+                    held = hub.held(run_id)
+                    wait = HELD_PAUSE if held else pause
+                    left = wait if deadline is None else min(wait, max(0.0, deadline - now))
+                    woken = watch.wait(left)
+                    watch.clear()
+                    if not held:
+                        pause = min(pause * 1.3, POLL_MAX)
+                    # Woken by a hold: wait on. Anything else is worth a read.
+                    if watch.reported or not woken or not hub.held(run_id):
+                        break
 
     async def aresult(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
         """Async form of ``result``: reads with ``aget``, pauses with ``asyncio.sleep``."""

@@ -4,9 +4,21 @@
 the worker that ends a run lives in the same process as the caller (tests,
 scripts, an app serving its own runs), the caller need not wait for its next
 poll: the worker reports the end here and the waiting call reads the store
-again at once. The store stays the only source of truth; a report only cuts
-a pause short, so one that is missed (another process ended the run) costs
-nothing but the poll it would have saved.
+again at once. The store stays the source of truth: a worker reports only
+what it has committed, and a report that is missed (another process ended
+the run) costs nothing but the poll it would have saved.
+
+Two more things spare the caller's reads while a worker here has the run:
+
+* A worker reports which runs it holds (claimed and executing). While one
+  holds the run, the caller waits for the worker's word, reading only every
+  ``client.HELD_PAUSE``: the run ends or is let go (parked, released, given
+  up on) through that worker, which says so either way; the rare run taken
+  over elsewhere meanwhile (its lease lapsed) is seen by that read.
+* A successful end is reported with the result column exactly as the worker
+  committed it, so the caller need not read it back. A plan run's end and
+  every other end are read from the store, which also follows a chain that
+  continued.
 """
 
 from __future__ import annotations
@@ -15,6 +27,36 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A run's successful end as the worker committed it: its stored result column."""
+
+    result: str | None
+
+
+class Watch:
+    """One caller's wait on a run: set when a worker here ends it, holds or lets it go."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        # Set once a worker here reports the run's end (handed over or not).
+        self.reported = False
+        self.ended: Ended | None = None
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._event.wait(timeout)
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def set(self) -> None:
+        self._event.set()
 
 
 class Endings:
@@ -22,31 +64,62 @@ class Endings:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiters: dict[str, list[threading.Event]] = {}
+        self._waiters: dict[str, list[Watch]] = {}
+        self._held: set[str] = set()
 
     @contextmanager
-    def watch(self, run_id: str) -> Iterator[threading.Event]:
-        """Return an event set when a worker here ends ``run_id``; register before reading."""
-        event = threading.Event()
+    def watch(self, run_id: str) -> Iterator[Watch]:
+        """Return a watch set when a worker here ends ``run_id``; register before reading."""
+        watch = Watch()
         with self._lock:
-            self._waiters.setdefault(run_id, []).append(event)
+            self._waiters.setdefault(run_id, []).append(watch)
         try:
-            yield event
+            yield watch
         finally:
             with self._lock:
                 found = self._waiters.get(run_id)
                 if found is not None:
-                    found.remove(event)
+                    found.remove(watch)
                     if not found:
                         del self._waiters[run_id]
 
-    def ended(self, run_id: str) -> None:
-        """Wake whoever here waits on ``run_id`` (called once its end is committed)."""
+    def ended(self, run_id: str, report: Ended | None = None) -> None:
+        """Wake whoever here waits on ``run_id`` (called once its end is committed).
+
+        ``report`` is the committed end, handed to each waiter; None makes
+        them read the store.
+        """
         with self._lock:
             found = self._waiters.get(run_id)
-            events = list(found) if found else ()
-        for event in events:
-            event.set()
+            watches = list(found) if found else ()
+            for watch in watches:
+                watch.reported = True
+                watch.ended = report
+        for watch in watches:
+            watch.set()
+
+    def hold(self, run_id: str) -> None:
+        """A worker here took ``run_id`` up: its waiters need not read until it says more."""
+        self._held_now(run_id, True)
+
+    def let_go(self, run_id: str) -> None:
+        """The worker here no longer has ``run_id``: its waiters read the store again."""
+        self._held_now(run_id, False)
+
+    def held(self, run_id: str) -> bool:
+        """Whether a worker of this process has ``run_id`` now."""
+        with self._lock:
+            return run_id in self._held
+
+    def _held_now(self, run_id: str, held: bool) -> None:
+        with self._lock:
+            if held:
+                self._held.add(run_id)
+            else:
+                self._held.discard(run_id)
+            watches = list(self._waiters.get(run_id, ()))
+        for watch in watches:
+            watch.set()
 
 
 _lock = threading.Lock()

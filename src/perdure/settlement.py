@@ -140,7 +140,11 @@ class Settlement:
             self.log.warning("could not record %s: %s", state, exc)
             return
         self.ended = state
-        endings.of(self.store).ended(self.claim.run_id)
+        # A plan run's result is its tasks' outputs, each sealed on its own:
+        # its caller reads that back rather than be handed it.
+        handed = state == "succeeded" and self.run_.plan_digest is None
+        report = endings.Ended(result) if handed else None
+        endings.of(self.store).ended(self.claim.run_id, report)
         detail = f": {codec.decode(error).get('message')}" if error else ""
         self.log.info("%s%s", state, detail)
 

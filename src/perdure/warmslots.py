@@ -45,6 +45,14 @@ class WarmSlots:
 
         def _note_wake(self, when: datetime | None) -> None: ...
 
+        def _activate(
+            self, execution: execution_api.Execution | tasks_api.TaskExecution
+        ) -> None: ...
+
+        def _deactivate(
+            self, execution: execution_api.Execution | tasks_api.TaskExecution
+        ) -> None: ...
+
     @property
     def warm_for(self) -> float:
         return self._warm_for
@@ -64,9 +72,7 @@ class WarmSlots:
     def warm_parked(
         self, execution: execution_api.Execution, slot: warm_api.WarmSlot, wake: datetime | None
     ) -> None:
-        with self._active_lock:
-            if self._active.get(execution.key) is execution:
-                del self._active[execution.key]
+        self._deactivate(execution)
         if self._keeper is not None:
             self._keeper.drop(execution.key, execution.claim.generation, settled=True)
         known = execution.known_journal()
@@ -127,8 +133,7 @@ class WarmSlots:
             log.debug("worker %s: run %s moved on elsewhere; replaying", self.worker_id, run_id)
             slot.hand(None)
             return False
-        with self._active_lock:
-            self._active[run_id] = execution
+        self._activate(execution)
         if self._keeper is not None:
             self._keeper.hold(claimed.claim)
         slot.hand(claimed)

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from perdure import (
     clockwatch,
     context,
+    endings,
     errors,
     keeper,
     renewal,
@@ -431,9 +432,22 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
             self.store.notify_ready()
 
     def _start(self, execution: Execution | tasks_api.TaskExecution) -> None:
+        self._activate(execution)
+        self._submit(execution)
+
+    def _activate(self, execution: Execution | tasks_api.TaskExecution) -> None:
+        """Count ``execution`` among this worker's; callers here wait on it in memory."""
         with self._active_lock:
             self._active[execution.key] = execution
-        self._submit(execution)
+        endings.of(self.store).hold(execution.key)
+
+    def _deactivate(self, execution: Execution | tasks_api.TaskExecution) -> None:
+        """Stop counting ``execution`` (unless a newer one of its run replaced it)."""
+        with self._active_lock:
+            if self._active.get(execution.key) is not execution:
+                return
+            del self._active[execution.key]
+        endings.of(self.store).let_go(execution.key)
 
     def _submit(self, execution: Execution | tasks_api.TaskExecution) -> None:
         assert self._pool is not None
@@ -474,8 +488,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                         exc,
                     )
             execution = Execution(self, item)
-            with self._active_lock:
-                self._active[item.claim.run_id] = execution
+            self._activate(execution)
             executions.append(execution)
         if self._keeper is not None and executions:
             # One line per claim but one write for them all, before any of them
@@ -485,9 +498,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
             self._submit(execution)
 
     def _forget(self, execution: Execution | tasks_api.TaskExecution) -> None:
-        with self._active_lock:
-            if self._active.get(execution.key) is execution:
-                del self._active[execution.key]
+        self._deactivate(execution)
         if self._keeper is not None:
             # An execution that ended, parked or let its run go has settled its
             # claim in the store; one interrupted may leave the run running.

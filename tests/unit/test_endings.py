@@ -72,3 +72,122 @@ def test_result_returns_on_the_local_end_without_waiting_for_a_poll(
         assert got == [7]
         assert time.monotonic() - started < 15
     app.close()
+
+
+def test_a_hold_and_a_let_go_wake_the_watchers_of_that_run() -> None:
+    hub = endings.Endings()
+    with hub.watch("r1") as watch, hub.watch("r2") as other:
+        assert not hub.held("r1")
+        hub.hold("r1")
+        assert hub.held("r1") and watch.is_set() and not other.is_set()
+        watch.clear()
+        hub.let_go("r1")
+        assert not hub.held("r1") and watch.is_set()
+        assert not watch.reported and watch.ended is None
+
+
+def test_an_end_is_handed_to_every_watcher_of_the_run() -> None:
+    hub = endings.Endings()
+    with hub.watch("r1") as first, hub.watch("r1") as second:
+        hub.ended("r1", endings.Ended('"done"'))
+        assert first.reported and second.reported
+        assert first.ended == second.ended == endings.Ended('"done"')
+    with hub.watch("r1") as plain:
+        hub.ended("r1")  # an end not handed over: the caller reads the store
+        assert plain.reported and plain.ended is None
+
+
+def _counting_reads(app: perdure.App, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+    store = app.store
+    original = store.get_run
+
+    def get_run(run_id: str) -> object:
+        reads.append(run_id)
+        return original(run_id)
+
+    monkeypatch.setattr(store, "get_run", get_run)
+    return reads
+
+
+def test_result_reads_nothing_while_a_worker_here_runs_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Polling every millisecond would read the run hundreds of times while
+    # its step is held at the gate; the worker's word makes reads needless.
+    monkeypatch.setattr(client_api, "POLL_FIRST", 0.001)
+    monkeypatch.setattr(client_api, "POLL_MAX", 0.001)
+    monkeypatch.setattr(client_api, "HELD_PAUSE", 60.0)
+    app = perdure.App(f"sqlite:///{tmp_path / 's.db'}", name="endings")
+    inside, release = threading.Event(), threading.Event()
+
+    @app.step()
+    def gate() -> dict[str, int]:
+        inside.set()
+        release.wait(30)
+        return {"n": 7}
+
+    @app.workflow()
+    def flow(ctx: perdure.Context) -> dict[str, int]:
+        return gate()
+
+    with app.worker():
+        handle = app.start(flow)
+        assert inside.wait(30)
+        reads = _counting_reads(app, monkeypatch)
+        got: list[dict[str, int]] = []
+        waiter = threading.Thread(target=lambda: got.append(handle.result(timeout=120)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not endings.of(app.store)._waiters and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.2)  # two hundred polls' worth, had result() polled
+        release.set()
+        waiter.join(20)
+        assert got == [{"n": 7}]
+        # One read before the wait; the end was handed over, not read back.
+        assert reads == [handle.run_id]
+    app.close()
+
+
+def test_result_reads_again_once_the_worker_here_lets_the_run_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_api, "HELD_PAUSE", 60.0)
+    app = perdure.App(f"sqlite:///{tmp_path / 's.db'}", name="endings")
+
+    @app.workflow()
+    def flow(ctx: perdure.Context) -> str:
+        return str(ctx.wait("go", timeout=60))
+
+    with app.worker():
+        handle = app.start(flow)
+        got: list[str] = []
+        waiter = threading.Thread(target=lambda: got.append(handle.result(timeout=120)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while app.get(handle.run_id).state != "waiting" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        # Parked: the worker let it go, so result() polls the store again and
+        # sees the end the signal brings (HELD_PAUSE alone would be a minute).
+        started = time.monotonic()
+        app.signal(handle.run_id, "go", "yes")
+        waiter.join(20)
+        assert got == ["yes"]
+        assert time.monotonic() - started < 15
+    app.close()
+
+
+def test_a_failed_end_is_read_from_the_store(tmp_path: Path) -> None:
+    app = perdure.App(f"sqlite:///{tmp_path / 's.db'}", name="endings")
+
+    @app.workflow()
+    def flow(ctx: perdure.Context) -> None:
+        raise ValueError("no")
+
+    with app.worker():
+        handle = app.start(flow)
+        with pytest.raises(perdure.RunFailed) as failed:
+            handle.result(timeout=60)
+        assert failed.value.state == "failed"
+    app.close()
