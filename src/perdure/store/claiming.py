@@ -182,20 +182,12 @@ class ClaimTransitions(transitions.Transitions[C]):
         journals: dict[str, list[port.JournalEntry]] = dict(held or {})
         run_ids = [run.run_id for run, _ in found]
         unread = [run_id for run_id in run_ids if run_id not in journals]
-        # One run (SQLite claims them one by one) reads its rows by key, which
-        # costs about half of a lookup through a list of ids.
-        if unread:
-            one = {"run_id": unread[0]} if len(unread) == 1 else None
-            query, params = ("journal", one) if one else ("journals", {"run_ids": unread})
-            for row in self._exec(cur, query, **params).fetchall():
-                journals.setdefault(row["run_id"], []).append(self.read.entry(row))
+        for row in self._rows_of(cur, unread, "journal", "journals"):
+            journals.setdefault(row["run_id"], []).append(self.read.entry(row))
         outcomes: dict[str, list[port.Outcome]] = {}
         unread = [run_id for run_id in run_ids if run_id not in bare]
-        if unread:
-            one = {"run_id": unread[0]} if len(unread) == 1 else None
-            query, params = ("outcomes", one) if one else ("outcomes_of_runs", {"run_ids": unread})
-            for row in self._exec(cur, query, **params).fetchall():
-                outcomes.setdefault(row["run_id"], []).append(self.read.outcome(row))
+        for row in self._rows_of(cur, unread, "outcomes", "outcomes_of_runs"):
+            outcomes.setdefault(row["run_id"], []).append(self.read.outcome(row))
         result = []
         for run, recovered in found:
             assert run.worker is not None and run.lease_expires_at is not None
@@ -203,6 +195,18 @@ class ClaimTransitions(transitions.Transitions[C]):
             journal, settled = journals.get(run.run_id, []), outcomes.get(run.run_id, [])
             result.append(port.Claimed(claim, run, journal, settled, recovered))
         return result
+
+    def _rows_of(
+        self, cur: C, run_ids: Sequence[str], by_key: str, by_list: str
+    ) -> Sequence[transitions.Row]:
+        """The rows ``by_key`` (of one run) or ``by_list`` (of several) return for ``run_ids``."""
+        if not run_ids:
+            return []
+        # One run (SQLite claims them one by one) reads its rows by key, which
+        # costs about half of a lookup through a list of ids.
+        if len(run_ids) == 1:
+            return self._exec(cur, by_key, run_id=run_ids[0]).fetchall()
+        return self._exec(cur, by_list, run_ids=list(run_ids)).fetchall()
 
     def renew(self, claim: port.Claim, *, lease_ttl: float) -> port.Claim:
         """Extend the lease to now + ``lease_ttl`` (fenced)."""
