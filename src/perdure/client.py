@@ -297,9 +297,10 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls, repairs.Repairs):
                     watch.clear()
                     if not held:
                         pause = min(pause * 1.3, POLL_MAX)
-                    # Woken by a hold: wait on. Anything else is worth a read.
-                    if watch.reported or not woken or not hub.held(run_id):
+                    if watch.reported or not hub.held(run_id):
                         break
+                    if held and not woken:
+                        break  # a quarter second without word: read, in case
 
     async def aresult(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
         """Async form of ``result``: reads with ``aget``, pauses with ``asyncio.sleep``."""
