@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,13 @@ import pytest
 import perdure
 from perdure import client as client_api
 from perdure import endings
+
+
+def _until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)
 
 
 def test_an_end_wakes_the_watchers_of_that_run_only() -> None:
@@ -63,9 +71,7 @@ def test_result_returns_on_the_local_end_without_waiting_for_a_poll(
         waiter = threading.Thread(target=lambda: got.append(handle.result(timeout=120)))
         waiter.start()
         # result() has read the run (not ended) and now waits its first pause.
-        deadline = time.monotonic() + 10
-        while not endings.of(app.store)._waiters and time.monotonic() < deadline:
-            time.sleep(0.005)
+        _until(lambda: bool(endings.of(app.store)._waiters))
         started = time.monotonic()
         release.set()
         waiter.join(20)
@@ -138,10 +144,8 @@ def test_result_reads_nothing_while_a_worker_here_runs_the_run(
         got: list[dict[str, int]] = []
         waiter = threading.Thread(target=lambda: got.append(handle.result(timeout=120)))
         waiter.start()
-        deadline = time.monotonic() + 10
-        while not endings.of(app.store)._waiters and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.2)  # two hundred polls' worth, had result() polled
+        _until(lambda: bool(reads))  # its one read, made while the step is held
+        time.sleep(0.2)  # room for two hundred more, had result() polled
         release.set()
         waiter.join(20)
         assert got == [{"n": 7}]
@@ -165,9 +169,7 @@ def test_result_reads_again_once_the_worker_here_lets_the_run_go(
         got: list[str] = []
         waiter = threading.Thread(target=lambda: got.append(handle.result(timeout=120)))
         waiter.start()
-        deadline = time.monotonic() + 10
-        while app.get(handle.run_id).state != "waiting" and time.monotonic() < deadline:
-            time.sleep(0.005)
+        _until(lambda: app.get(handle.run_id).state == "waiting")
         # Parked: the worker let it go, so result() polls the store again and
         # sees the end the signal brings (HELD_PAUSE alone would be a minute).
         started = time.monotonic()
