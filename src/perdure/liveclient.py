@@ -83,16 +83,20 @@ class LiveCalls:
             _check_name("update id", update_id)
         store = liveport.require(self.store)
         deadline = _deadline(timeout)
-        run = self._run(run_id)
-        # An update_id already stored is answered from the store, and its
-        # validator does not run again. With no validator, the delivery itself
-        # finds a stored id (and says so), which spares a read before it.
-        if update_id is not None and (validator is not None or run.state in port.TERMINAL_STATES):
-            stored = store.get_update(run_id, update_id)
-            if stored is not None:
-                return self._answer(store, run_id, name, stored.update_id, deadline, timeout)
-        if run.state in port.TERMINAL_STATES:
-            raise errors.RunFinished(run_id, run.state)
+        if validator is not None:
+            # An update_id already stored is answered from the store, and its
+            # validator does not run again; a run that ended refuses the rest.
+            run = self._run(run_id)
+            if update_id is not None:
+                stored = store.get_update(run_id, update_id)
+                if stored is not None:
+                    return self._answer(store, run_id, name, stored.update_id, deadline, timeout)
+            if run.state in port.TERMINAL_STATES:
+                raise errors.RunFinished(run_id, run.state)
+        else:
+            # The delivery finds the run itself (of this app, not past its
+            # deadline), and a stored id, which spares a read before it.
+            codec.check_text("a run id", run_id)
         plain = codec.check_size(codec.encode(payload), self.payload_limit, "the update's payload")
         if validator is not None:
             try:
@@ -101,17 +105,21 @@ class LiveCalls:
                 reason = str(exc) or type(exc).__name__
                 raise errors.UpdateRejected(run_id, name, reason) from None
         text = self.payloads.seal_text(plain, "the update's payload")
-        new = liveport.NewUpdate(run_id, update_id or uuid.uuid4().hex, name, text)
+        new = liveport.NewUpdate(run_id, update_id or uuid.uuid4().hex, name, text, self.app)
         # Watching from before the delivery, no answer can slip in unseen
         # between it and the first look at the update.
         with store.watch() as watch:
             delivered: liveport.UpdateRecord | None = None
             try:
                 delivered, created = store.deliver_update(new)
-            except errors.RunFinished:
-                # The run ended after it was read; a sender before us may have got in.
+            except (errors.RunFinished, liveport.Overdue) as exc:
+                if isinstance(exc, liveport.Overdue):
+                    # Settled as any reader of the run settles it; it has ended then.
+                    ended = self._run(run_id).state
+                    exc = errors.RunFinished(run_id, ended)
+                # The run ended; a sender of this id before it may have got in.
                 if update_id is None or store.get_update(run_id, update_id) is None:
-                    raise
+                    raise exc from None
             else:
                 if not created:
                     delivered = None  # stored before: read it afresh, it may be answered

@@ -112,3 +112,25 @@ def test_a_workflow_argument_named_deadline_stays_an_argument(store_url: str) ->
         assert app.get(handle.run_id).deadline is None
         with pytest.raises(perdure.InvalidInput):
             app.client.start("echo", "1", deadline=timedelta(0))
+
+
+def test_an_update_to_a_run_past_its_deadline_settles_it_and_stores_nothing(
+    store_url: str,
+) -> None:
+    app = _app(store_url)
+
+    @app.workflow(version="1")
+    def asks(ctx: perdure.Context) -> int:
+        return int(ctx.next_update("ask").payload)
+
+    with Environment(app, store=store_url) as env:
+        late = app.start(asks, deadline=timedelta(minutes=5))
+        env.clock.advance(301)  # nobody has settled it: the update finds it overdue
+        with pytest.raises(perdure.RunFinished):
+            app.update(late.run_id, "ask", 1, update_id="u-1", timeout=1)
+        _assert_exceeded(app, late.run_id)
+        assert app.store.get_update(late.run_id, "u-1") is None  # type: ignore[attr-defined]
+        other = perdure.App(store_url, name=f"{app.name}_other")
+        with pytest.raises(perdure.RunNotFound):
+            other.update(late.run_id, "ask", 1, timeout=1)
+        other.close()

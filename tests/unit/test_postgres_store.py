@@ -367,9 +367,15 @@ def test_rows_that_break_an_invariant_are_refused(
         assert (refused.value.run_id, refused.value.invariant) == (run_id, invariant)
 
 
+@pytest.mark.parametrize("alone", [False, True], ids=["first-claim", "claim-alone"])
 def test_claim_sets_a_corrupt_run_aside_and_takes_the_others(
-    postgres_url: str, store: postgres.PostgresStore
+    postgres_url: str, store: postgres.PostgresStore, alone: bool
 ) -> None:
+    if alone:
+        # A claim that found no queues lets the next claims run alone in
+        # their transactions (opened by claim_begin, with its savepoint).
+        assert store.claim("app", "w1", WF, lease_ttl=30, limit=2) == []
+        assert "app" in store._queues_known()
     for run_id in ("bad", "good"):
         store.create_run(new(run_id))
     sql(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import TypeVar
@@ -69,11 +69,18 @@ class ClaimTransitions(transitions.Transitions[C]):
             raise errors.InvalidInput("recover_until must be an aware datetime")
         if limit < 1 or not workflows:
             return []
-        return self._transact(
+        return self._claim_transact(
+            app,
             lambda cur: self._claim_all(
                 cur, app, worker, workflows, ttl, limit, recover_until, dry_run, known or {}
-            )
+            ),
         )
+
+    def _claim_transact(
+        self, app: str, work: Callable[[C], list[port.Claimed]]
+    ) -> list[port.Claimed]:
+        """Run a claim's ``work`` in one transaction (an adapter may open it its own way)."""
+        return self._transact(work)
 
     _claims_made = 0
 

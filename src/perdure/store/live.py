@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any, TypeVar
 
 from perdure import errors
@@ -30,6 +31,10 @@ class LiveTransitions(transitions.Transitions[C]):
     @abc.abstractmethod
     def _announce(self, cur: C, run_ids: Iterable[str]) -> None:
         """Wake watchers once this transaction commits: these runs changed."""
+
+    @abc.abstractmethod
+    def now(self) -> datetime:
+        """The store's current time (the injected clock's, if any)."""
 
     @abc.abstractmethod
     def watch(self) -> AbstractContextManager[liveport.Watch]:
@@ -57,10 +62,16 @@ class LiveTransitions(transitions.Transitions[C]):
         """Store the update unless its id exists; wake the run if it is parked on that name."""
         if not update.update_id or not update.name:
             raise errors.InvalidInput("an update needs a name and an update id")
-        params = vars(update)
+        params = {k: v for k, v in vars(update).items() if k != "app"}
 
         def work(cur: C) -> tuple[liveport.UpdateRecord, bool]:
             run = self._lock_live(cur, update.run_id)  # orders this delivery with a park
+            if update.app is not None:
+                if run.app != update.app:
+                    raise errors.RunNotFound(update.run_id)
+                due = run.deadline
+                if due is not None and not run.cancel_requested and due <= self.now():
+                    raise liveport.Overdue(update.run_id)
             created = self._exec(cur, "update_put", **params).fetchone()
             if created is None:
                 stored = self._exec(cur, "update_get", **params).fetchone()
@@ -72,7 +83,8 @@ class LiveTransitions(transitions.Transitions[C]):
                     cur, "wake_on_wait", run_id=update.run_id, kind="update", name=update.name
                 ).fetchall()
                 self._woken(cur, woken)
-            self._announce(cur, [update.run_id])
+            # Watchers are not told: what they wait for (an answer, an event,
+            # an end) has not come, and the sender would only wake itself.
             return self.read.update(created), True
 
         return self._transact(work)

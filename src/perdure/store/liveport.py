@@ -24,9 +24,9 @@ Rules every adapter keeps, on top of those of :mod:`perdure.store.port`:
   terminal state but ``needs_attention``, by a cancel, by a failed
   ``resolve``) its pending updates become ``abandoned`` in the same
   transaction; answered ones keep their response for the senders' retries.
-* Every transition that changes what a watcher waits for (a delivery, an
-  answer, a journal write made with ``record_live``, the end of a run that
-  has updates, events or stream items) is announced to
+* Every transition that changes what a watcher waits for (an answer, a
+  journal write made with ``record_live``, the end of a run that has
+  updates, events or stream items) is announced to
   :meth:`LiveStore.watch` watchers once it commits, in this process and, for
   a store shared through a server, in every other.
 """
@@ -54,6 +54,21 @@ class NewUpdate:
     update_id: str
     name: str
     payload: str
+    # The sender's app. With it, the delivery finds the run itself: a run of
+    # another app is not found, and one past its deadline is refused with
+    # Overdue (the caller settles it, which a delivery does not).
+    app: str | None = None
+
+
+class Overdue(Exception):
+    """A delivery refused: the run's deadline has passed and nobody has settled it yet.
+
+    Internal to the client, which settles the run and answers as for a run that ended.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} is past its deadline")
+        self.run_id = run_id
 
 
 @dataclass(frozen=True)
@@ -97,8 +112,9 @@ class LiveStore(port.Store, Protocol):
         Returns the stored record and whether this call created it.
 
         Raises:
-            errors.RunNotFound: no such run.
+            errors.RunNotFound: no such run (or, with ``update.app``, not of that app).
             errors.RunFinished: the run has ended (nothing is stored).
+            Overdue: with ``update.app``, the run is past its deadline (nothing is stored).
         """
         ...
 

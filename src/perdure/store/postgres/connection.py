@@ -27,7 +27,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import ConnStatus
+from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
@@ -179,6 +179,21 @@ class _Pool(ConnectionPool[psycopg.Connection[Any]]):
         super()._add_connection(attempt, growing)
 
 
+@contextlib.contextmanager
+def _opened(conn: psycopg.Connection[Any], begin: str) -> Iterator[None]:
+    """A transaction opened by the statements ``begin`` (one round trip), committed on exit."""
+    conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        # The transaction is abandoned; a connection lost meanwhile is the pool's to drop.
+        with contextlib.suppress(psycopg.Error):
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 class Connections:
     """The connections of one store object to one PostgreSQL database."""
 
@@ -226,15 +241,22 @@ class Connections:
         _open.add(self)
 
     def _transact(
-        self, work: Callable[[Cursor], T], *, retry: bool = True, single: bool = False
+        self,
+        work: Callable[[Cursor], T],
+        *,
+        retry: bool = True,
+        single: bool = False,
+        begin: str | None = None,
     ) -> T:
         """Run ``work`` in one transaction, translating database failures to store errors.
 
         A deadlock or serialization failure rolls back everything ``work`` did,
         so it is run again (unless ``retry`` is False). ``single`` work is one
-        statement, atomic by itself: it runs without BEGIN and COMMIT. Inside
+        statement, atomic by itself: it runs without BEGIN and COMMIT.
+        ``begin`` (statements without parameters, the first of them BEGIN)
+        opens the transaction in one round trip with what it sets up. Inside
         a bridged call (:meth:`call_async`) the transaction runs on the
-        caller's event loop instead of a pooled connection.
+        caller's event loop instead of a pooled connection, opened plainly.
         """
         if bridge.bridged():
             return bridge.await_(self._atransact(work, retry=retry, single=single))
@@ -249,7 +271,11 @@ class Connections:
             try:
                 with (
                     self._connection(give_up_at) as conn,
-                    contextlib.nullcontext() if single else conn.transaction(),
+                    contextlib.nullcontext()
+                    if single
+                    else _opened(conn, begin)
+                    if begin
+                    else conn.transaction(),
                     conn.cursor(row_factory=dict_row) as cur,
                 ):
                     result = work(cur)

@@ -25,7 +25,9 @@ helpers and the same named queries (``postgres/sql/queries.sql``, listed in
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -57,7 +59,7 @@ from perdure.store import (
     transitions,
     waiting,
 )
-from perdure.store.postgres import connection, listener
+from perdure.store.postgres import bridge, connection, listener
 
 log = logging.getLogger("perdure.store.postgres")
 
@@ -66,6 +68,11 @@ Cursor = connection.Cursor
 
 _Q = sqlfiles.queries("postgres")
 _PLANNED_EACH_TIME = frozenset({"queue_ready", "queue_candidates", "queue_running", "queue_starts"})
+
+_CLAIM_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "perdure_claim_alone", default=False
+)
+"""Set while a claim runs alone in a transaction that claim_begin opened."""
 
 
 class _BodyRaised(Exception):
@@ -239,9 +246,13 @@ class PostgresStore(
             "dry_run": dry_run,
         }
         exclude: list[str] = []
+        alone = _CLAIM_ALONE.get()
+        opened = alone  # claim_begin opened the savepoint with the transaction
         while True:
-            # No parameters: psycopg sends both statements of each in one round trip.
-            cur.execute(_Q["claim_open"])
+            # No parameters: psycopg sends the statements of each in one round trip.
+            if not opened:
+                cur.execute(_Q["claim_open"])
+            opened = False
             try:
                 claimed = self._claim_once(cur, known, exclude=exclude, **params)
             except errors.CorruptState as exc:
@@ -253,8 +264,45 @@ class PostgresStore(
                 exclude.append(exc.run_id)
                 self._quarantine(cur, exc.run_id, exc)
                 continue
-            cur.execute(_Q["claim_close"])
+            if not alone:
+                cur.execute(_Q["claim_close"])
             return claimed
+
+    def _claim_transact(
+        self, app: str, work: Callable[[Cursor], list[port.Claimed]]
+    ) -> list[port.Claimed]:
+        """Run a claim's ``work``; for an app known to have no queues, in two round trips fewer.
+
+        Such a claim is alone in its transaction: claim_begin opens it with
+        the claim's savepoint and plan setting, and the COMMIT that follows
+        the claim ends both. (A claim that may meet queues opens and closes
+        them around the claim, as the queue queries follow it.)
+        """
+        if bridge.bridged() or self._queues_known().get(app, 0.0) <= time.monotonic():
+            return self._transact(work)
+
+        def alone(cur: Cursor) -> list[port.Claimed]:
+            token = _CLAIM_ALONE.set(True)
+            try:
+                return work(cur)
+            finally:
+                _CLAIM_ALONE.reset(token)
+
+        return self._transact(alone, begin=_Q["claim_begin"])
+
+    def _claim_queued(
+        self,
+        cur: Cursor,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        ttl: float,
+        limit: int,
+    ) -> list[port.Claimed]:
+        # A claim alone in its transaction was judged to have no queues to look at.
+        if _CLAIM_ALONE.get():
+            return []
+        return super()._claim_queued(cur, app, worker, workflows, ttl, limit)
 
     def _wanted(self, workflows: Sequence[tuple[str, str]]) -> dict[str, Any]:
         return {"workflows": [w for w, _ in workflows], "versions": [v for _, v in workflows]}
@@ -340,19 +388,24 @@ class PostgresStore(
         super().finish(claim, entries, state=state, result=result, error=error, marks=marks)
 
     def deliver_update(self, update: liveport.NewUpdate) -> tuple[liveport.UpdateRecord, bool]:
-        """Store the update unless its id exists; wake the run if it is parked on that name."""
+        """Store the update unless its id exists; wake the run if it is parked on that name.
+
+        One round trip: a function takes the run's lock, then delivers.
+        """
         if not update.update_id or not update.name:
             raise errors.InvalidInput("an update needs a name and an update id")
-        params = vars(update)
-
-        def work(cur: Cursor) -> tuple[liveport.UpdateRecord, bool]:
-            self._lock_live(cur, update.run_id)  # orders this delivery with a park
-            row = self._exec(cur, "update_deliver", **params).fetchone()
-            if row is None:
-                raise rows.corrupt(update.run_id, "update_state", "a refused update is gone")
-            return self.read.update(row), bool(row["fresh"])
-
-        return self._transact(work)
+        params = {**vars(update), "terminal": sorted(port.TERMINAL_STATES)}
+        row = self._transact(
+            lambda cur: self._exec(cur, "update_deliver", **params).fetchone(), single=True
+        )
+        if row is None:
+            raise errors.RunNotFound(update.run_id)
+        refused = row["refused"]
+        if refused == "overdue":
+            raise liveport.Overdue(update.run_id)
+        if refused is not None:
+            raise errors.RunFinished(update.run_id, refused)
+        return self.read.update(row), bool(row["fresh"])
 
     def answer_update(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import multiprocessing
 import uuid
@@ -22,6 +23,7 @@ from perdure.testing.conformance.harness import (
     entry,
     get,
     kinds,
+    new_run,
     run_processes,
     run_threads,
     start,
@@ -103,6 +105,32 @@ class LiveTests(Suite):
         assert (again, created) == (first, False)
         assert _live(store).get_update(run.run_id, "u-1") == first
         assert _live(store).get_update(run.run_id, "u-2") is None
+
+    def test_a_delivery_with_its_app_finds_the_run_itself(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        with pytest.raises(errors.RunNotFound):
+            _live(store).deliver_update(dataclasses.replace(_update(run.run_id), app="other"))
+        assert _live(store).get_update(run.run_id, "u-1") is None
+        mine = dataclasses.replace(_update(run.run_id), app=run.app)
+        assert _live(store).deliver_update(mine)[1] is True
+        # Past its deadline, the run is refused (its sender settles it) and
+        # nothing is stored; without the app, the delivery does not judge it.
+        due = dataclasses.replace(new_run(), deadline=clock.now() + timedelta(seconds=5))
+        late, _ = store.create_run(due)
+        clock.advance(10)
+        with pytest.raises(liveport.Overdue):
+            _live(store).deliver_update(dataclasses.replace(_update(late.run_id), app=late.app))
+        assert _live(store).get_update(late.run_id, "u-1") is None
+        assert get(store, late.run_id).state == "queued"
+        assert _live(store).deliver_update(_update(late.run_id))[1] is True
+        ended = start(store)
+        assert store.request_cancel(ended.run_id)  # never claimed: canceled at once
+        assert get(store, ended.run_id).state == "canceled"
+        with pytest.raises(errors.RunFinished):
+            _live(store).deliver_update(dataclasses.replace(_update(ended.run_id), app=ended.app))
+        assert _live(store).get_update(ended.run_id, "u-1") is None
 
     def test_update_ids_are_scoped_to_their_run(self, store: port.Store) -> None:
         one, two = start(store), start(store)
@@ -356,8 +384,9 @@ class LiveTests(Suite):
         other = _live(handle.reopen())
         run = start(handle.store)
         claim = claim_run(handle.store, run).claim
+        # A delivery itself wakes the run, not watchers: nothing they wait for came.
+        other.deliver_update(_update(run.run_id))
         changes = [
-            lambda: other.deliver_update(_update(run.run_id)),
             lambda: other.answer_update(claim, [], "u-1", '"ok"'),
             lambda: other.record_live(claim, [entry(1, kind="event", name="k")]),
             lambda: other.finish(claim, [], state="succeeded", result="1"),

@@ -149,6 +149,13 @@ SELECT * FROM perdure.outcomes WHERE run_id = %(run_id)s ORDER BY at, name;
 -- name: outcomes_of_runs
 SELECT * FROM perdure.outcomes WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY run_id, at, name;
 
+-- name: claim_begin
+-- Opens the transaction of a claim alone in it (an app with no queues), with
+-- what claim_open sets up, in one round trip: the plan setting is made before
+-- the savepoint, so that undoing a corrupt candidate's claim keeps it. The
+-- COMMIT after the claim ends both; claim_close is not needed.
+BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SAVEPOINT perdure_claim;
+
 -- name: claim_open
 -- Run with no parameters (two statements, one round trip) before the claim.
 -- The savepoint lets a corrupt candidate's claim be undone alone. The claim
@@ -1017,49 +1024,16 @@ ON CONFLICT (run_id, update_id) DO NOTHING
 RETURNING *;
 
 -- name: update_deliver
--- update_put, wake_on_wait, the woken receipt and both announcements as ONE
--- statement, run after the run's row lock was taken (lock_run), so that its
--- snapshot holds every wait a park registered. A stored id comes back as it
--- is (fresh is false) and nothing else happens.
-WITH created AS (
-    INSERT INTO perdure.updates (
-        run_id, update_id, name, sequence, payload, state, response, at, settled_at
-    )
-    SELECT %(run_id)s, %(update_id)s, %(name)s, coalesce(max(sequence), 0) + 1, %(payload)s,
-           'pending', NULL, coalesce(%(now)s::timestamptz, statement_timestamp()), NULL
-    FROM perdure.updates WHERE run_id = %(run_id)s
-    ON CONFLICT (run_id, update_id) DO NOTHING
-    RETURNING *
-), woken AS (
-    UPDATE perdure.runs SET
-        state = 'queued',
-        ready_at = NULL,
-        ledger_sequence = ledger_sequence + 1,
-        updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-    WHERE run_id = %(run_id)s AND state = 'waiting'
-      AND EXISTS (SELECT 1 FROM created)
-      AND EXISTS (
-          SELECT 1 FROM perdure.waits AS w
-          WHERE w.run_id = %(run_id)s AND w.kind = 'update' AND w.name = %(name)s
-      )
-    RETURNING run_id, app, generation, ledger_sequence, ledger_limit
-), receipt AS (
-    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation)
-    SELECT w.run_id, w.ledger_sequence, 'woken',
-           coalesce(%(now)s::timestamptz, statement_timestamp()), w.generation
-    FROM woken AS w
-), trimmed AS (
-    DELETE FROM perdure.ledger AS l USING woken AS w
-    WHERE l.run_id = w.run_id AND l.sequence <= w.ledger_sequence - w.ledger_limit
-)
-SELECT c.*, true AS fresh,
-       (SELECT pg_notify('perdure_ready', w.app)::text FROM woken AS w) AS ready,
-       pg_notify('perdure_live', c.run_id)::text AS announced
-FROM created AS c
-UNION ALL
-SELECT u.*, false, NULL, NULL FROM perdure.updates AS u
-WHERE u.run_id = %(run_id)s AND u.update_id = %(update_id)s
-  AND NOT EXISTS (SELECT 1 FROM created);
+-- perdure.deliver_update (migration 0017): the run's lock, then update_put,
+-- wake_on_wait, the woken receipt and the worker's wake-up as one statement
+-- whose snapshot holds every wait a park registered. No row: no such run (of
+-- the app, when one is given). A row with a refusal: the run had ended (its
+-- state) or is past its deadline ('overdue'); nothing was stored. A stored id
+-- comes back as it is (fresh is false) and nothing else happens.
+SELECT * FROM perdure.deliver_update(
+    %(run_id)s, %(update_id)s, %(name)s, %(payload)s, %(now)s::timestamptz,
+    %(terminal)s::text[], %(app)s
+);
 
 -- name: update_get
 SELECT * FROM perdure.updates WHERE run_id = %(run_id)s AND update_id = %(update_id)s;
