@@ -4,7 +4,10 @@
 
 Without a store URL, a fresh PostgreSQL database ``perdure_claim_statements``
 on 127.0.0.1:5432 is created (and dropped after). Prints, per named query, how
-many times one workflow ran it and its median time in milliseconds.
+many times one workflow ran it and its median time in milliseconds, then the
+round trips per workflow: every statement sent (named or not, the claim's
+transaction statements included) and each BEGIN and COMMIT psycopg sends for
+a transaction block.
 """
 
 from __future__ import annotations
@@ -48,10 +51,30 @@ def main() -> None:
             seen.append((query, time.perf_counter() - started))
 
     store._exec = counted
+    trips = collections.Counter()
+    cursor_execute = psycopg.Cursor.execute
+    enter, leave = psycopg.Transaction.__enter__, psycopg.Transaction.__exit__
+
+    def sent(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        trips["statements"] += 1
+        return cursor_execute(self, query, *args, **kwargs)
+
+    def begun(self: Any) -> Any:
+        trips["BEGIN"] += 1
+        return enter(self)
+
+    def ended(self: Any, *args: Any) -> Any:
+        trips["COMMIT or ROLLBACK"] += 1
+        return leave(self, *args)
+
+    psycopg.Cursor.execute = sent  # type: ignore[method-assign]
+    psycopg.Transaction.__enter__ = begun  # type: ignore[method-assign]
+    psycopg.Transaction.__exit__ = ended  # type: ignore[method-assign]
     with app.worker():
         for _ in range(20):  # warm up: prepared statements, connections
             app.start("zero").result(timeout=30)
         seen.clear()
+        trips.clear()
         for _ in range(runs):
             app.start("zero").result(timeout=30)
     app.close()
@@ -59,6 +82,9 @@ def main() -> None:
     for query, n in counts.most_common():
         ms = statistics.median(d for q, d in seen if q == query) * 1e3
         print(f"{query:28s} {n / runs:5.2f} per run   {ms:6.3f} ms median")
+    for what, n in trips.items():
+        print(f"round trips: {what:15s} {n / runs:5.2f} per run")
+    print(f"round trips: {'all':15s} {sum(trips.values()) / runs:5.2f} per run")
     if len(sys.argv) <= 2:
         with psycopg.connect(SERVER, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {DB}")

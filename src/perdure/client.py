@@ -265,58 +265,46 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls, repairs.Repairs):
 
     def result(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
         """Wait for the run to end; return its result or raise RunFailed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = POLL_FIRST
-        hub = endings.of(self.store)
+        waiting = _ResultWait(endings.of(self.store), run_id, timeout)
         # Registered before the first read, so that an end reported by a
         # worker of this process in between is not missed.
-        with hub.watch(run_id) as watch:
+        with waiting.hub.watch(run_id) as watch:
             while True:
                 watch.reported = False
                 if watch.ended is not None:
-                    # What a worker here committed, handed over: no read back.
-                    value = handles.decode_column(run_id, "result", watch.ended.result)
-                    return codec.convert(self.payloads.open(value), hint)
+                    return self._handed(run_id, watch.ended, hint)
                 info = self._current_info(run_id)
-                if info.state == "succeeded":
-                    return codec.convert(info.result, hint)
                 if info.done:
-                    raise errors.RunFailed(run_id, info.state, info.error)
+                    return _ended(run_id, info, hint)
                 while True:
-                    now = time.monotonic()
-                    if deadline is not None and now >= deadline:
-                        raise errors.ResultTimeout(
-                            f"run {run_id} is still {info.state} after {timeout}s"
-                        )
-                    # While a worker here has the run, it wakes this wait when
-                    # the run ends or is let go: no read is needed until then.
-                    held = hub.held(run_id)
-                    wait = HELD_PAUSE if held else pause
-                    left = wait if deadline is None else min(wait, max(0.0, deadline - now))
+                    left, held = waiting.next_pause(info.state)
                     woken = watch.wait(left)
                     watch.clear()
-                    if not held:
-                        pause = min(pause * 1.3, POLL_MAX)
-                    if watch.reported or not hub.held(run_id):
+                    if waiting.read_again(watch, held, woken):
                         break
-                    if held and not woken:
-                        break  # a quarter second without word: read, in case
 
     async def aresult(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
-        """Async form of ``result``: reads with ``aget``, pauses with ``asyncio.sleep``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = POLL_FIRST
-        while True:
-            info = await self._acurrent_info(run_id)
-            if info.state == "succeeded":
-                return codec.convert(info.result, hint)
-            if info.done:
-                raise errors.RunFailed(run_id, info.state, info.error)
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                raise errors.ResultTimeout(f"run {run_id} is still {info.state} after {timeout}s")
-            await asyncio.sleep(pause if deadline is None else min(pause, deadline - now))
-            pause = min(pause * 1.3, POLL_MAX)
+        """Async form of ``result``: reads with ``aget``, waits on the event loop."""
+        waiting = _ResultWait(endings.of(self.store), run_id, timeout)
+        with waiting.hub.watch(run_id, asyncio.get_running_loop()) as watch:
+            while True:
+                watch.reported = False
+                if watch.ended is not None:
+                    return self._handed(run_id, watch.ended, hint)
+                info = await self._acurrent_info(run_id)
+                if info.done:
+                    return _ended(run_id, info, hint)
+                while True:
+                    left, held = waiting.next_pause(info.state)
+                    woken = await watch.await_set(left)
+                    watch.clear()
+                    if waiting.read_again(watch, held, woken):
+                        break
+
+    def _handed(self, run_id: str, ended: endings.Ended, hint: Any) -> Any:
+        """The result a worker here committed, handed over: no read back."""
+        value = handles.decode_column(run_id, "result", ended.result)
+        return codec.convert(self.payloads.open(value), hint)
 
     def children(self, run_id: str) -> dict[str, int]:
         """Return how many child runs of the run are in each state."""
@@ -564,3 +552,49 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls, repairs.Repairs):
     aevents = blocking_twin(liveclient.LiveCalls.events)
     aget_event = blocking_twin(liveclient.LiveCalls.get_event)
     atimers = athread(timers)
+
+
+def _ended(run_id: str, info: records.RunInfo, hint: Any) -> Any:
+    """The result of a run that has ended, or RunFailed."""
+    if info.state == "succeeded":
+        return codec.convert(info.result, hint)
+    raise errors.RunFailed(run_id, info.state, info.error)
+
+
+class _ResultWait:
+    """The pauses of one result() call between its reads (its sync and async forms share them).
+
+    While a worker of this process has the run, the call waits for that
+    worker's word (reading only every ``HELD_PAUSE``, in case the run was
+    taken over elsewhere); otherwise it polls, backing off from
+    ``POLL_FIRST`` to ``POLL_MAX``.
+    """
+
+    def __init__(self, hub: endings.Endings, run_id: str, timeout: float | None) -> None:
+        self.hub = hub
+        self.run_id = run_id
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.pause = POLL_FIRST
+
+    def next_pause(self, state: str) -> tuple[float, bool]:
+        """How long to wait now, and whether a worker here holds the run.
+
+        Raises:
+            errors.ResultTimeout: the call's timeout has passed.
+        """
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            raise errors.ResultTimeout(f"run {self.run_id} is still {state} after {self.timeout}s")
+        held = self.hub.held(self.run_id)
+        wait = HELD_PAUSE if held else self.pause
+        if not held:
+            self.pause = min(self.pause * 1.3, POLL_MAX)
+        left = wait if self.deadline is None else min(wait, max(0.0, self.deadline - now))
+        return left, held
+
+    def read_again(self, watch: endings.Watch, held: bool, woken: bool) -> bool:
+        """Whether the wait that just ended calls for a read of the run."""
+        if watch.reported or not self.hub.held(self.run_id):
+            return True
+        return held and not woken  # a quarter second without word: read, in case

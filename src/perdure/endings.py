@@ -1,6 +1,7 @@
 """Runs that workers of this process just ended, so that callers here wake at once.
 
-``RunHandle.result()`` polls the store, backing off from 1 ms to 20 ms. When
+``RunHandle.result()`` (and ``aresult()``, on its event loop) polls the
+store, backing off from 1 ms to 20 ms. When
 the worker that ends a run lives in the same process as the caller (tests,
 scripts, an app serving its own runs), the caller need not wait for its next
 poll: the worker reports the end here and the waiting call reads the store
@@ -23,6 +24,8 @@ Two more things spare the caller's reads while a worker here has the run:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import weakref
 from collections.abc import Iterator
@@ -38,10 +41,16 @@ class Ended:
 
 
 class Watch:
-    """One caller's wait on a run: set when a worker here ends it, holds or lets it go."""
+    """One caller's wait on a run: set when a worker here ends it, holds or lets it go.
 
-    def __init__(self) -> None:
+    A watch made for an event ``loop`` is also awaitable there
+    (:meth:`await_set`): a worker's thread sets it through the loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._event = threading.Event()
+        self._loop = loop
+        self._async = asyncio.Event() if loop is not None else None
         # Set once a worker here reports the run's end (handed over or not).
         self.reported = False
         self.ended: Ended | None = None
@@ -49,14 +58,31 @@ class Watch:
     def wait(self, timeout: float | None) -> bool:
         return self._event.wait(timeout)
 
+    async def await_set(self, timeout: float) -> bool:
+        """Wait on the watch's loop until it is set or ``timeout`` seconds pass."""
+        assert self._async is not None, "a watch made without a loop"
+        if self._event.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._async.wait(), timeout)
+        except TimeoutError:
+            return self._event.is_set()
+        return True
+
     def is_set(self) -> bool:
         return self._event.is_set()
 
     def clear(self) -> None:
         self._event.clear()
+        if self._async is not None:
+            self._async.clear()
 
     def set(self) -> None:
         self._event.set()
+        if self._loop is not None and self._async is not None:
+            # A loop closed meanwhile has no waiter left to wake.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._async.set)
 
 
 class Endings:
@@ -68,9 +94,12 @@ class Endings:
         self._held: set[str] = set()
 
     @contextmanager
-    def watch(self, run_id: str) -> Iterator[Watch]:
-        """Return a watch set when a worker here ends ``run_id``; register before reading."""
-        watch = Watch()
+    def watch(self, run_id: str, loop: asyncio.AbstractEventLoop | None = None) -> Iterator[Watch]:
+        """Return a watch set when a worker here ends ``run_id``; register before reading.
+
+        With ``loop``, the watch can also be awaited on it.
+        """
+        watch = Watch(loop)
         with self._lock:
             self._waiters.setdefault(run_id, []).append(watch)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -193,3 +194,52 @@ def test_a_failed_end_is_read_from_the_store(tmp_path: Path) -> None:
             handle.result(timeout=60)
         assert failed.value.state == "failed"
     app.close()
+
+
+def test_aresult_reads_nothing_while_a_worker_here_runs_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The async form waits on the event loop for the same word: one read.
+    monkeypatch.setattr(client_api, "POLL_FIRST", 0.001)
+    monkeypatch.setattr(client_api, "POLL_MAX", 0.001)
+    monkeypatch.setattr(client_api, "HELD_PAUSE", 60.0)
+    app = perdure.App(f"sqlite:///{tmp_path / 's.db'}", name="endings")
+    inside, release = threading.Event(), threading.Event()
+
+    @app.step()
+    def gate() -> int:
+        inside.set()
+        release.wait(30)
+        return 7
+
+    @app.workflow()
+    def flow(ctx: perdure.Context) -> int:
+        return gate()
+
+    async def main(handle: perdure.RunHandle[int]) -> int:
+        waiting = asyncio.ensure_future(handle.aresult(timeout=120))
+        while not reads:  # its one read, made while the step is held
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.2)  # room for two hundred more, had it polled
+        release.set()
+        return await asyncio.wait_for(waiting, 20)
+
+    with app.worker():
+        handle = app.start(flow)
+        assert inside.wait(30)
+        reads = _counting_reads(app, monkeypatch)
+        assert asyncio.run(main(handle)) == 7
+        assert reads == [handle.run_id]
+    app.close()
+
+
+def test_an_awaited_watch_wakes_when_another_thread_sets_it() -> None:
+    async def main() -> tuple[bool, bool]:
+        hub = endings.Endings()
+        with hub.watch("r1", asyncio.get_running_loop()) as watch:
+            quiet = await watch.await_set(0.01)
+            threading.Timer(0.05, lambda: hub.ended("r1", endings.Ended("1"))).start()
+            woken = await watch.await_set(20)
+            return quiet, woken
+
+    assert asyncio.run(main()) == (False, True)
