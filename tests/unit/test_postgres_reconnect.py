@@ -3,7 +3,8 @@
 A transaction cut off before its commit did not happen, so it runs again on
 a fresh connection (a few times, within a couple of seconds); a single
 statement or a commit whose answer was lost may have happened, so it is
-reported as ``StoreUnavailable``. Connections are lost on purpose by the
+reported as ``StoreUnavailable`` (unless running it twice is running it
+once, as an update's delivery is). Connections are lost on purpose by the
 backend terminating itself, so the moment of the loss is exact.
 """
 
@@ -104,3 +105,69 @@ def test_a_canceled_statement_is_not_a_lost_connection(store: postgres.PostgresS
     with pytest.raises(errors.StoreError):
         store._transact(work)
     assert len(calls) == 1
+
+
+def test_a_lost_idempotent_single_statement_runs_again(store: postgres.PostgresStore) -> None:
+    backends: list[int] = []
+
+    def work(cur: Any) -> int:
+        backends.append(cur.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
+        if len(backends) == 1:
+            cur.execute(SUICIDE)
+        return 1
+
+    assert store._transact(work, single=True, idempotent=True) == 1
+    assert len(backends) == 2 and backends[0] != backends[1]
+
+
+def test_a_lost_delivery_is_sent_again_and_stored_once(store: postgres.PostgresStore) -> None:
+    from perdure.store import liveport
+    from perdure.testing.conformance.harness import new_run
+
+    run, _ = store.create_run(new_run())
+    execute = store._exec
+    lost: list[str] = []
+
+    def exec_(cur: Any, query: str, **params: Any) -> Any:
+        if query == "update_deliver" and not lost:
+            lost.append(query)
+            cur.execute(SUICIDE)  # the connection goes before the delivery is sent
+        return execute(cur, query, **params)
+
+    store._exec = exec_  # type: ignore[method-assign]
+    stored, created = store.deliver_update(liveport.NewUpdate(run.run_id, "u-1", "ask", "1"))
+    assert lost and created and stored.sequence == 1
+    again, created = store.deliver_update(liveport.NewUpdate(run.run_id, "u-1", "ask", "2"))
+    assert (again, created) == (stored, False)
+
+
+def test_a_transaction_opened_in_one_round_trip_commits_or_rolls_back_whole(
+    store: postgres.PostgresStore,
+) -> None:
+    store._transact(lambda cur: cur.execute("CREATE TABLE opened (n int)"), single=True)
+
+    def count() -> int:
+        row = store._transact(
+            lambda cur: cur.execute("SELECT count(*) AS n FROM opened").fetchone()
+        )
+        return int(row["n"])
+
+    def refused(cur: Any) -> None:
+        cur.execute("INSERT INTO opened VALUES (1)")
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError):
+        store._transact(refused, begin="BEGIN; SET LOCAL statement_timeout = 5000")
+    assert count() == 0
+    backends: list[int] = []
+
+    def work(cur: Any) -> None:
+        backends.append(cur.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
+        cur.execute("INSERT INTO opened VALUES (1)")
+        if len(backends) == 1:
+            cur.execute(SUICIDE)  # lost before the commit: nothing happened, run again
+
+    store._transact(work, begin="BEGIN; SET LOCAL statement_timeout = 5000")
+    assert len(backends) == 2 and count() == 1
+    # The connection the transaction used is back in the pool, idle.
+    assert store._transact(lambda cur: cur.execute("SELECT 1 AS one").fetchone()["one"]) == 1

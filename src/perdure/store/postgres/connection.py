@@ -247,13 +247,16 @@ class Connections:
         retry: bool = True,
         single: bool = False,
         begin: str | None = None,
+        idempotent: bool = False,
     ) -> T:
         """Run ``work`` in one transaction, translating database failures to store errors.
 
         A deadlock or serialization failure rolls back everything ``work`` did,
         so it is run again (unless ``retry`` is False). ``single`` work is one
-        statement, atomic by itself: it runs without BEGIN and COMMIT.
-        ``begin`` (statements without parameters, the first of them BEGIN)
+        statement, atomic by itself: it runs without BEGIN and COMMIT. A lost
+        single statement may have happened, so it is not run again, unless
+        it is ``idempotent`` (a put-if-absent: running it twice is running
+        it once). ``begin`` (statements without parameters, the first of them BEGIN)
         opens the transaction in one round trip with what it sets up. Inside
         a bridged call (:meth:`call_async`) the transaction runs on the
         caller's event loop instead of a pooled connection, opened plainly.
@@ -301,7 +304,8 @@ class Connections:
                 # Lost before its commit, the transaction did not happen: run
                 # it again on a fresh connection, a few times and briefly.
                 # A single statement, or a lost commit, may have happened.
-                if not (retry and not single and not committing and _lost(exc, conn)):
+                again = idempotent or not (single or committing)
+                if not (retry and again and _lost(exc, conn)):
                     raise self._failure(exc) from exc
                 lost += 1
                 if lost == 1:

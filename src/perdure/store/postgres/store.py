@@ -390,13 +390,17 @@ class PostgresStore(
     def deliver_update(self, update: liveport.NewUpdate) -> tuple[liveport.UpdateRecord, bool]:
         """Store the update unless its id exists; wake the run if it is parked on that name.
 
-        One round trip: a function takes the run's lock, then delivers.
+        One round trip: a function takes the run's lock, then delivers. A
+        delivery whose connection was lost is sent again: a second delivery
+        of the id finds the first, if it happened, and changes nothing.
         """
         if not update.update_id or not update.name:
             raise errors.InvalidInput("an update needs a name and an update id")
         params = {**vars(update), "terminal": sorted(port.TERMINAL_STATES)}
         row = self._transact(
-            lambda cur: self._exec(cur, "update_deliver", **params).fetchone(), single=True
+            lambda cur: self._exec(cur, "update_deliver", **params).fetchone(),
+            single=True,
+            idempotent=True,
         )
         if row is None:
             raise errors.RunNotFound(update.run_id)
