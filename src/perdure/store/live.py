@@ -65,13 +65,7 @@ class LiveTransitions(transitions.Transitions[C]):
         params = {k: v for k, v in vars(update).items() if k != "app"}
 
         def work(cur: C) -> tuple[liveport.UpdateRecord, bool]:
-            run = self._lock_live(cur, update.run_id)  # orders this delivery with a park
-            if update.app is not None:
-                if run.app != update.app:
-                    raise errors.RunNotFound(update.run_id)
-                due = run.deadline
-                if due is not None and not run.cancel_requested and due <= self.now():
-                    raise liveport.Overdue(update.run_id)
+            run = self._lock_for_delivery(cur, update)  # orders this delivery with a park
             created = self._exec(cur, "update_put", **params).fetchone()
             if created is None:
                 stored = self._exec(cur, "update_get", **params).fetchone()
@@ -88,6 +82,23 @@ class LiveTransitions(transitions.Transitions[C]):
             return self.read.update(created), True
 
         return self._transact(work)
+
+    def _lock_for_delivery(self, cur: C, update: liveport.NewUpdate) -> port.Run:
+        """Lock the run's row; refuse a run its sender may not reach, or one that ended.
+
+        With the sender's app, a run of another app is not found (whatever
+        its state), and a live run past its deadline is refused (Overdue).
+        """
+        row = self._exec(cur, "lock_run", run_id=update.run_id).fetchone()
+        run = None if row is None else self.read.run(row)
+        if run is None or (update.app is not None and run.app != update.app):
+            raise errors.RunNotFound(update.run_id)
+        if run.state in port.TERMINAL_STATES:
+            raise errors.RunFinished(update.run_id, run.state)
+        due = None if update.app is None or run.cancel_requested else run.deadline
+        if due is not None and due <= self.now():
+            raise liveport.Overdue(update.run_id)
+        return run
 
     def get_update(self, run_id: str, update_id: str) -> liveport.UpdateRecord | None:
         """Return the stored update, or None."""

@@ -130,6 +130,9 @@ class LiveTests(Suite):
         assert get(store, ended.run_id).state == "canceled"
         with pytest.raises(errors.RunFinished):
             _live(store).deliver_update(dataclasses.replace(_update(ended.run_id), app=ended.app))
+        # Another app's sender learns nothing of the run, ended or not.
+        with pytest.raises(errors.RunNotFound):
+            _live(store).deliver_update(dataclasses.replace(_update(ended.run_id), app="other"))
         assert _live(store).get_update(ended.run_id, "u-1") is None
 
     def test_update_ids_are_scoped_to_their_run(self, store: port.Store) -> None:
