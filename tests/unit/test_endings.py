@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,11 +118,10 @@ def _counting_reads(app: perdure.App, monkeypatch: pytest.MonkeyPatch) -> list[s
     return reads
 
 
-def test_result_reads_nothing_while_a_worker_here_runs_the_run(
+def _gated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Polling every millisecond would read the run hundreds of times while
-    # its step is held at the gate; the worker's word makes reads needless.
+) -> tuple[perdure.App, Any, threading.Event, threading.Event]:
+    """An app whose run holds its one step at a gate; result() polls every millisecond."""
     monkeypatch.setattr(client_api, "POLL_FIRST", 0.001)
     monkeypatch.setattr(client_api, "POLL_MAX", 0.001)
     monkeypatch.setattr(client_api, "HELD_PAUSE", 60.0)
@@ -138,6 +138,15 @@ def test_result_reads_nothing_while_a_worker_here_runs_the_run(
     def flow(ctx: perdure.Context) -> dict[str, int]:
         return gate()
 
+    return app, flow, inside, release
+
+
+def test_result_reads_nothing_while_a_worker_here_runs_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Polling every millisecond would read the run hundreds of times while
+    # its step is held at the gate; the worker's word makes reads needless.
+    app, flow, inside, release = _gated(tmp_path, monkeypatch)
     with app.worker():
         handle = app.start(flow)
         assert inside.wait(30)
@@ -200,23 +209,9 @@ def test_aresult_reads_nothing_while_a_worker_here_runs_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The async form waits on the event loop for the same word: one read.
-    monkeypatch.setattr(client_api, "POLL_FIRST", 0.001)
-    monkeypatch.setattr(client_api, "POLL_MAX", 0.001)
-    monkeypatch.setattr(client_api, "HELD_PAUSE", 60.0)
-    app = perdure.App(f"sqlite:///{tmp_path / 's.db'}", name="endings")
-    inside, release = threading.Event(), threading.Event()
+    app, flow, inside, release = _gated(tmp_path, monkeypatch)
 
-    @app.step()
-    def gate() -> int:
-        inside.set()
-        release.wait(30)
-        return 7
-
-    @app.workflow()
-    def flow(ctx: perdure.Context) -> int:
-        return gate()
-
-    async def main(handle: perdure.RunHandle[int]) -> int:
+    async def main(handle: perdure.RunHandle[dict[str, int]]) -> dict[str, int]:
         waiting = asyncio.ensure_future(handle.aresult(timeout=120))
         while not reads:  # its one read, made while the step is held
             await asyncio.sleep(0.005)
@@ -228,7 +223,7 @@ def test_aresult_reads_nothing_while_a_worker_here_runs_the_run(
         handle = app.start(flow)
         assert inside.wait(30)
         reads = _counting_reads(app, monkeypatch)
-        assert asyncio.run(main(handle)) == 7
+        assert asyncio.run(main(handle)) == {"n": 7}
         assert reads == [handle.run_id]
     app.close()
 
