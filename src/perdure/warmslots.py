@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from perdure import execution as execution_api
 from perdure import keeper
+from perdure import registry as registry_api
 from perdure import tasks as tasks_api
 from perdure import warm as warm_api
-from perdure.store import port
+from perdure.store import ownerport, port, warmport
 
 log = logging.getLogger("perdure.worker")
 
@@ -30,6 +32,11 @@ class WarmSlots:
 
     # What the Worker supplies.
     worker_id: str
+    store: port.Store
+    registry: registry_api.Registry
+    ownership: ownerport.Posture
+    dry_run: bool
+    _claim_ttl: float
     _warm_cap: int
     _warm_for: float
     _warm: dict[str, tuple[warm_api.WarmSlot, execution_api.Execution]]
@@ -111,6 +118,50 @@ class WarmSlots:
                 for run_id, (slot, _) in self._warm.items()
                 if slot.parked and slot.known is not None
             }
+
+    def _claim_woken(
+        self, known: Mapping[str, port.KnownJournal] | None, limit: int
+    ) -> tuple[list[port.Claimed], bool]:
+        """Claim by key the warm runs that the last wake-ups named, if they named only those.
+
+        Returns the claims made and whether the ordinary claim is still due:
+        it is when a wake-up named another run or none, when a named run was
+        not claimed here, or when the store cannot claim by key.
+        """
+        store = self.store
+        if not isinstance(store, warmport.WarmClaims):
+            return [], True
+        # Taken every time, so that what a wake-up named never lingers.
+        woken = store.woken()
+        if (
+            not known
+            or woken.others
+            or not woken.runs
+            or not woken.runs <= known.keys()
+            or len(woken.runs) > limit
+            or self.ownership == "store-lease"
+        ):
+            return [], True
+        claimed: list[port.Claimed] = []
+        for run_id in sorted(woken.runs):
+            try:
+                found = store.claim_warm(
+                    self.registry.name,
+                    self.worker_id,
+                    self.registry.workflow_versions(),
+                    run_id=run_id,
+                    known=known[run_id],
+                    lease_ttl=self._claim_ttl,
+                    dry_run=self.dry_run,
+                )
+            except Exception as exc:
+                # The ordinary claim meets the same failure, and reports it.
+                log.debug("worker %s: warm claim of %s failed: %s", self.worker_id, run_id, exc)
+                return claimed, True
+            if found is None:
+                return claimed, True
+            claimed.append(found)
+        return claimed, False
 
     def _take_warm(self, claimed: port.Claimed) -> bool:
         """Hand a claim to the run's warm execution, if it waits here and still fits."""

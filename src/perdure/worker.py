@@ -287,6 +287,8 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
             return
         last_sweep = 0.0
         failures = 0
+        # Whether the last idle wait ended with a wake-up (not its timeout).
+        notified = False
         while not self._stop_event.is_set():
             try:
                 self._watch_clock()
@@ -307,15 +309,20 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                     self.store.sweep()
                     self._prune()
                 known = self._known_journals()
-                claimed = self._owner.claim(
-                    self.store,
-                    self.registry.workflow_versions(),
-                    lease_ttl=self._claim_ttl,
-                    limit=free,
-                    recover_until=self._clock_watch.recover_until(time.monotonic()),
-                    dry_run=self.dry_run,
-                    known=known,
-                )
+                # A wake-up that named only runs parked warm here: those alone are
+                # claimed, by key. A timeout claims the ordinary way (timers, lapses).
+                claimed, ordinary = self._claim_woken(known, free) if notified else ([], True)
+                notified = False
+                if ordinary and len(claimed) < free:
+                    claimed += self._owner.claim(
+                        self.store,
+                        self.registry.workflow_versions(),
+                        lease_ttl=self._claim_ttl,
+                        limit=free - len(claimed),
+                        recover_until=self._clock_watch.recover_until(time.monotonic()),
+                        dry_run=self.dry_run,
+                        known=known,
+                    )
             except errors.OwnershipConflict as exc:
                 if exc.holder != self.worker_id:
                     # Taken over: the new holder's takeover fenced this one's runs off.
@@ -351,7 +358,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                 # becomes ready from here is announced, and an announcement
                 # made meanwhile ends this wait at once, so claiming again
                 # now would only find nothing.
-                self.store.wait_ready(self._idle_timeout())
+                notified = self.store.wait_ready(self._idle_timeout())
 
     def _prune(self) -> None:
         """Delete one bounded batch of the app's runs that ended before its retention."""

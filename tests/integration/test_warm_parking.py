@@ -57,6 +57,16 @@ def _recording_claims(store: port.Store) -> list[dict[str, port.KnownJournal] | 
         return found
 
     store.claim = recorded  # type: ignore[method-assign]
+    claim_warm = getattr(store, "claim_warm", None)
+    if claim_warm is not None:
+
+        def recorded_warm(*args: Any, **kwargs: Any) -> port.Claimed | None:
+            found = claim_warm(*args, **kwargs)
+            if found is not None:
+                offered.append({kwargs["run_id"]: kwargs["known"]})
+            return found
+
+        store.claim_warm = recorded_warm  # type: ignore[attr-defined]
     return offered
 
 
@@ -85,6 +95,44 @@ def test_a_warm_run_is_claimed_with_the_journal_its_worker_holds(
         assert handle.result(timeout=WAIT) == [0, 1, 2]
     assert offered[0] is None
     assert len(entered) == 1
+
+
+def test_a_wake_up_that_names_a_warm_run_claims_it_alone(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    app = make_app()
+
+    @app.workflow()
+    def gatherer(ctx: perdure.Context, count: int) -> list[int]:
+        return [ctx.wait("item") for _ in range(count)]
+
+    handle = app.start(gatherer, 3)
+    by_key: list[str] = []
+    claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
+
+    def recorded(*args: Any, **kwargs: Any) -> port.Claimed | None:
+        found: port.Claimed | None = claim_warm(*args, **kwargs)
+        if found is not None:
+            by_key.append(found.claim.run_id)
+        return found
+
+    app.store.claim_warm = recorded  # type: ignore[attr-defined]
+    worker = app.worker(warm_for=10)
+    with worker:
+        for i in range(3):
+            # Held warm (its slot knows the journal its claim i + 1 parked) before the
+            # signal wakes it.
+            def held(generation: int = i + 1) -> bool:
+                known = (worker._known_journals() or {}).get(handle.run_id)
+                return known is not None and known.generation == generation
+
+            _until(held)
+            app.signal(handle.run_id, "item", i)
+        assert handle.result(timeout=WAIT) == [0, 1, 2]
+    # PostgreSQL's wake-ups name the run, SQLite's name none (the ordinary claim).
+    named = app.store.url.startswith("postgresql")
+    assert by_key == ([handle.run_id] * 3 if named else [])
+    assert [h.kind for h in app.history(handle.run_id)].count("claimed") == 4
 
 
 def test_a_claim_its_warm_thread_did_not_take_replays_the_stored_journal(

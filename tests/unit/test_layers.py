@@ -49,6 +49,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.queueport",
             "perdure.store.ownerport",
             "perdure.store.planport",
+            "perdure.store.warmport",
         }
     },
     {

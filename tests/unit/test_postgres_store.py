@@ -23,7 +23,7 @@ import pytest
 
 import pg  # tests/pg.py, on the path through tests/conftest.py
 from perdure import errors
-from perdure.store import port
+from perdure.store import liveport, port
 from perdure.store.postgres import store as postgres
 from perdure.testing.clock import FakeClock
 
@@ -212,6 +212,53 @@ def test_wait_ready_wakes_on_a_notify_from_another_connection(
         assert woke == [True]
     finally:
         other.close()
+
+
+def _heard(store: postgres.PostgresStore) -> tuple[set[str], bool]:
+    """Everything the wake-ups named, until they stop coming."""
+    runs: set[str] = set()
+    others = False
+    while store.wait_ready(0.5):
+        woken = store.woken()
+        runs |= woken.runs
+        others = others or woken.others
+    return runs, others
+
+
+def test_wake_ups_name_the_runs_one_transaction_woke(
+    postgres_url: str, store: postgres.PostgresStore
+) -> None:
+    store.wait_ready(0)
+    other = postgres.PostgresStore(postgres_url)
+    try:
+        woken = [{"app": "app", "run_id": f"r{i}"} for i in range(3)]
+        # Sent in one packet: a listener that read only its first would lose two runs.
+        other._transact(lambda cur: other._notify_woken(cur, woken))
+        assert _heard(store) == ({"r0", "r1", "r2"}, False)
+        # Many at once are announced by app, which names no run.
+        many = [{"app": "app", "run_id": f"r{i}"} for i in range(postgres._NAMED_WAKES + 1)]
+        other._transact(lambda cur: other._notify_woken(cur, many))
+        assert _heard(store) == (set(), True)
+        other.create_run(new("fresh"))
+        assert _heard(store) == (set(), True)
+    finally:
+        other.close()
+
+
+def test_a_delivery_names_the_run_it_wakes(
+    postgres_url: str, store: postgres.PostgresStore
+) -> None:
+    claim = started("r1", store)
+    assert store.park(claim, [], [port.WaitSpec("ask", "update")], wake_at=None)
+    store.wait_ready(0)
+    store.woken()
+    update = liveport.NewUpdate("r1", "u1", "ask", "1")
+    other = postgres.PostgresStore(postgres_url)
+    try:
+        other.deliver_update(update)
+    finally:
+        other.close()
+    assert _heard(store) == ({"r1"}, False)
 
 
 def test_a_broken_listener_is_reopened(postgres_url: str, store: postgres.PostgresStore) -> None:

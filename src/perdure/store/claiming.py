@@ -76,6 +76,36 @@ class ClaimTransitions(transitions.Transitions[C]):
             ),
         )
 
+    def claim_warm(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        *,
+        run_id: str,
+        known: port.KnownJournal,
+        lease_ttl: float,
+        dry_run: bool = False,
+    ) -> port.Claimed | None:
+        """Claim ``run_id`` alone if it is ready at ``known.generation`` (see :mod:`.warmport`)."""
+        ttl = transitions.seconds(lease_ttl, "lease_ttl", positive=True)
+        if not workflows:
+            return None
+        return self._claim_warm(app, worker, workflows, run_id, known, ttl, dry_run)
+
+    @abc.abstractmethod
+    def _claim_warm(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        run_id: str,
+        known: port.KnownJournal,
+        ttl: float,
+        dry_run: bool,
+    ) -> port.Claimed | None:
+        """Claim one warm-parked run by key, in the adapter's cheapest way."""
+
     def _claim_transact(
         self, app: str, work: Callable[[C], list[port.Claimed]]
     ) -> list[port.Claimed]:

@@ -168,8 +168,16 @@ class Transitions(abc.ABC, Generic[C]):
         ]
         self._append(cur, receipts)
         if woken:
-            self._notify(cur, (r["app"] for r in woken))
+            self._notify_woken(cur, woken)
         return [r["run_id"] for r in woken]
+
+    def _notify_woken(self, cur: C, woken: Sequence[Row]) -> None:
+        """Announce runs woken by name (rows with ``app`` and ``run_id``), on commit.
+
+        An adapter whose wake-ups can carry the run's id names each run, so
+        that the worker keeping it warm can claim it alone (:mod:`.warmport`).
+        """
+        self._notify(cur, (r["app"] for r in woken))
 
     def _created(self, cur: C, made: Sequence[Row]) -> None:
         """Give runs just created (rows of a RETURNING) their first receipt; announce them."""

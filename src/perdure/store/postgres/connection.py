@@ -33,7 +33,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from perdure import errors
-from perdure.store import sqlfiles
+from perdure.store import sqlfiles, warmport
 from perdure.store.postgres import bridge
 
 # The adapter logs under one name, whichever of its modules speaks.
@@ -60,6 +60,10 @@ _LOST_BUDGET = 2.0
 _RECONNECT_FIRST = 0.1
 _RECONNECT_MAX = 0.5
 _LISTEN_SLICE = 1.0
+
+# Run ids named by wake-ups that no claimer has looked at yet, at most; past
+# it a wake-up counts as naming nothing (the claim is the ordinary one).
+_WOKEN_HELD = 1024
 _EXIT_TIMEOUT = 1.0
 
 # Stores still open; closed at interpreter exit (see _close_at_exit).
@@ -212,6 +216,9 @@ class Connections:
         self._listen_lock = threading.Lock()
         self._wake_cond = threading.Condition()
         self._wakes = 0
+        # What the wake-ups named since the last woken() (see warmport.Woken).
+        self._woken_runs: set[str] = set()
+        self._woken_other = False
         try:
             # One plain connection first: the pool would only time out, without the reason.
             psycopg.connect(url, **self._kwargs).close()
@@ -465,7 +472,13 @@ class Connections:
             while not self._closed:
                 remaining = deadline - time.monotonic()
                 slice_ = max(0.0, min(remaining, _LISTEN_SLICE))
-                for _ in conn.notifies(timeout=slice_, stop_after=1):
+                # Stops after the first packet, whole: leaving the loop early
+                # would drop the rest of its notifications, and what they named.
+                heard = False
+                for notice in conn.notifies(timeout=slice_, stop_after=1):
+                    self._named(notice.payload)
+                    heard = True
+                if heard:
                     return True
                 if remaining <= _LISTEN_SLICE:
                     return False
@@ -474,5 +487,23 @@ class Connections:
             # caller, as a spurious wake-up is allowed and cheaper than a stall.
             conn.close()
             self._listen_conn = None
+            self._named("")
             return True
         return False
+
+    def _named(self, payload: str) -> None:
+        """Note what a wake-up named: a run (``app``, U+001F, ``run_id``) or nothing."""
+        _, sep, run_id = payload.partition("\x1f")
+        with self._wake_cond:
+            if sep and run_id and len(self._woken_runs) < _WOKEN_HELD:
+                self._woken_runs.add(run_id)
+            else:
+                self._woken_other = True
+
+    def woken(self) -> warmport.Woken:
+        """Return and forget what the wake-ups since the last call named."""
+        with self._wake_cond:
+            found = warmport.Woken(frozenset(self._woken_runs), self._woken_other)
+            self._woken_runs.clear()
+            self._woken_other = False
+        return found

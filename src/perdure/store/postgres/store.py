@@ -69,6 +69,9 @@ Cursor = connection.Cursor
 _Q = sqlfiles.queries("postgres")
 _PLANNED_EACH_TIME = frozenset({"queue_ready", "queue_candidates", "queue_running", "queue_starts"})
 
+# A transaction that wakes more runs than this announces their apps only.
+_NAMED_WAKES = 8
+
 _CLAIM_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "perdure_claim_alone", default=False
 )
@@ -150,6 +153,15 @@ class PostgresStore(
     def _notify(self, cur: Cursor, apps: Iterable[str]) -> None:
         self._exec(cur, "notify", apps=sorted(set(apps)))
 
+    def _notify_woken(self, cur: Cursor, woken: Sequence[transitions.Row]) -> None:
+        if len(woken) > _NAMED_WAKES:
+            # Many at once (a broadcast, a tree canceled): one per app, as any
+            # other announcement, so listeners are not woken once per run.
+            self._notify(cur, (r["app"] for r in woken))
+            return
+        named = sorted({(r["app"], r["run_id"]) for r in woken})
+        self._exec(cur, "notify_woken", apps=[a for a, _ in named], run_ids=[r for _, r in named])
+
     def _created(self, cur: Cursor, made: Sequence[rows.Row]) -> None:
         # create_run and create_children write the receipts and notify themselves.
         return
@@ -214,6 +226,7 @@ class PostgresStore(
         """Wake every ``wait_ready`` caller of this store, here and on other hosts."""
         with self._wake_cond:
             self._wakes += 1
+            self._woken_other = True
             self._wake_cond.notify_all()
         try:
             self._transact(lambda cur: self._notify(cur, [""]))
@@ -342,6 +355,60 @@ class PostgresStore(
             if unchanged is not None:
                 held[run_id] = unchanged
         return self._claimed(cur, found, held, bare)
+
+    def _claim_warm(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        run_id: str,
+        known: port.KnownJournal,
+        ttl: float,
+        dry_run: bool,
+    ) -> port.Claimed | None:
+        """One autocommit statement: the claim, its receipt, and the held tail compared.
+
+        The held journal's ``started`` tail (see :meth:`_unchanged`) is
+        compared with the stored one inside the claim, so nothing is read
+        back. Outcomes are read only if the claim found some, and the stored
+        journal only if the tail differs (``resolve`` settled an entry).
+        """
+        held = list(known.journal)
+        first = next((i for i, e in enumerate(held) if e.status == "started"), None)
+        tail = held[first:] if first is not None else []
+
+        def work(cur: Cursor) -> port.Claimed | None:
+            row = self._exec(
+                cur,
+                "claim_warm",
+                app=app,
+                worker=worker,
+                run_id=run_id,
+                generation=known.generation,
+                workflows=[w for w, _ in workflows],
+                versions=[v for _, v in workflows],
+                lease_ttl=ttl,
+                dry_run=dry_run,
+                after=None if first is None else held[first].position - 1,
+                tail_positions=[e.position for e in tail],
+                tail_kinds=[e.kind for e in tail],
+                tail_names=[e.name for e in tail],
+                tail_statuses=[e.status for e in tail],
+                tail_outputs=[e.output for e in tail],
+                tail_errors=[e.error for e in tail],
+                tail_attempts=[e.attempt for e in tail],
+            ).fetchone()
+            if row is None:
+                return None
+            found = [(self.read.run(row), False)]
+            journals = {run_id: held} if row["tail_kept"] else None
+            bare = () if row["has_outcomes"] else (run_id,)
+            (claimed,) = self._claimed(cur, found, journals, bare)
+            return claimed
+
+        # Not retried when the connection is lost: the claim may have committed,
+        # and then its lease lapses and the run is recovered as any other.
+        return self._transact(work, single=True)
 
     # -- journal --------------------------------------------------------------
 

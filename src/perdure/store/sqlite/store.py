@@ -46,6 +46,7 @@ from perdure.store import (
     sqlfiles,
     surface,
     waiting,
+    warmport,
 )
 from perdure.store.sqlite import connection, wakeup
 
@@ -271,6 +272,31 @@ class SqliteStore(
         run = claimed.run
         self._append_marks(cur, claimed.claim, run.ledger_sequence, [receipt], run.ledger_limit)
         return claimed
+
+    def _claim_warm(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        run_id: str,
+        known: port.KnownJournal,
+        ttl: float,
+        dry_run: bool,
+    ) -> port.Claimed | None:
+        def work(cur: Cursor) -> port.Claimed | None:
+            params = {"app": app, "run_id": run_id, "generation": known.generation}
+            found = self._exec(
+                cur, "claim_warm", dry_run=dry_run, **params, **self._wanted(workflows)
+            ).fetchone()
+            if found is None:
+                return None
+            return self._claim_once(cur, found, worker, ttl, {run_id: known})
+
+        return self._transact(work)
+
+    def woken(self) -> warmport.Woken:
+        """A wake-up on this host names no run: the worker claims the ordinary way."""
+        return warmport.ANY
 
     # -- journal --------------------------------------------------------------
 

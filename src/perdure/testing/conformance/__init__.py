@@ -78,6 +78,7 @@ from perdure.testing.conformance.schedules import ScheduleTests
 from perdure.testing.conformance.surface import PageTests, TokenTests
 from perdure.testing.conformance.sweep import SweepTests
 from perdure.testing.conformance.waits import WaitTests
+from perdure.testing.conformance.warmclaims import WarmClaimTests
 
 __all__ = [
     "Opener",
@@ -93,6 +94,7 @@ class StoreConformance(
     LifecycleTests,
     RunTests,
     ClaimTests,
+    WarmClaimTests,
     DryRunTests,
     JournalTests,
     WaitTests,

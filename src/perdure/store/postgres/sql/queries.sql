@@ -35,6 +35,12 @@ LISTEN perdure_ready;
 -- Delivered when the transaction commits; identical payloads are merged.
 SELECT pg_notify('perdure_ready', app) FROM unnest(%(apps)s::text[]) AS app;
 
+-- name: notify_woken
+-- Runs woken by name: each payload is the app, a unit separator (U+001F) and
+-- the run id, so that a worker keeping the run warm can claim it alone.
+SELECT pg_notify('perdure_ready', app || chr(31) || run_id)
+FROM unnest(%(apps)s::text[], %(run_ids)s::text[]) AS w(app, run_id);
+
 -- name: create_run
 -- A conflict on run_id or on (app, key) stores nothing; the caller reads back.
 -- A created run gets its "initialized" receipt and is announced here, in the
@@ -273,6 +279,70 @@ SELECT c.*,
        EXISTS (SELECT 1 FROM perdure.journal AS j WHERE j.run_id = c.run_id) AS has_journal,
        EXISTS (SELECT 1 FROM perdure.outcomes AS o WHERE o.run_id = c.run_id) AS has_outcomes
 FROM claimed AS c ORDER BY updated_at, run_id;
+
+-- name: claim_warm
+-- One run its worker parked warm, claimed by that worker when a wake-up named
+-- it: by key, only at the generation it was parked with (no claim since), in
+-- one statement (autocommit). The lock is waited for, not skipped: a general
+-- claim that holds it either takes the run (this one then matches nothing)
+-- or leaves it, and this one takes it. The conditions are the claim's for a
+-- run in no queue that is queued and due or waiting past its deadline.
+WITH picked AS (
+    SELECT r.run_id, r.state FROM perdure.runs AS r
+    WHERE r.run_id = %(run_id)s AND r.app = %(app)s AND r.generation = %(generation)s
+      AND r.queue IS NULL AND r.dry_run = %(dry_run)s
+      AND (r.workflow, r.version) IN (
+          SELECT * FROM unnest(%(workflows)s::text[], %(versions)s::text[])
+      )
+      AND (
+          (r.state = 'queued' AND (r.ready_at IS NULL
+              OR r.ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp())))
+          OR (r.state = 'waiting'
+              AND r.ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp()))
+      )
+    FOR NO KEY UPDATE
+), claimed AS (
+    UPDATE perdure.runs AS r SET
+        generation = r.generation + 1,
+        state = 'running',
+        worker = %(worker)s,
+        lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+            + make_interval(secs => %(lease_ttl)s::float8),
+        lease_ttl = make_interval(secs => %(lease_ttl)s::float8),
+        ready_at = NULL,
+        ledger_sequence = r.ledger_sequence + 1,
+        updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM picked AS p
+    WHERE r.run_id = p.run_id
+    RETURNING r.*, p.state AS prior_state
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker)
+    SELECT run_id, ledger_sequence, 'claimed', updated_at, generation, worker FROM claimed
+), trimmed AS (
+    DELETE FROM perdure.ledger AS l USING claimed AS c
+    WHERE l.run_id = c.run_id AND l.sequence <= c.ledger_sequence - c.ledger_limit
+)
+-- The held journal's started tail (entries past %(after)s; NULL: it has none)
+-- is compared here, as each row's text, so that the claim reads nothing back.
+SELECT c.*,
+       EXISTS (SELECT 1 FROM perdure.outcomes AS o WHERE o.run_id = c.run_id) AS has_outcomes,
+       %(after)s::integer IS NULL OR (
+           SELECT coalesce(array_agg(
+                      ROW(j.position, j.kind, j.name, j.status, j.output, j.error, j.attempt)::text
+                      ORDER BY j.position), '{}')
+           FROM perdure.journal AS j
+           WHERE j.run_id = c.run_id AND j.position > %(after)s::integer
+       ) = (
+           SELECT coalesce(array_agg(
+                      ROW(t.position, t.kind, t.name, t.status, t.output, t.error, t.attempt)::text
+                      ORDER BY t.position), '{}')
+           FROM unnest(%(tail_positions)s::integer[], %(tail_kinds)s::text[],
+                       %(tail_names)s::text[], %(tail_statuses)s::text[],
+                       %(tail_outputs)s::text[], %(tail_errors)s::text[],
+                       %(tail_attempts)s::integer[])
+                AS t(position, kind, name, status, output, error, attempt)
+       ) AS tail_kept
+FROM claimed AS c;
 
 -- name: quarantine
 -- A claim candidate whose rows cannot be read is set aside, so that it stops

@@ -271,7 +271,8 @@ BEGIN
         WHERE l.run_id = w.run_id AND l.sequence <= w.ledger_sequence - w.ledger_limit
     ), announced AS (
         -- The worker is told; watchers are not (no answer, event or end came).
-        SELECT (SELECT pg_notify('perdure_ready', w.app)::text FROM woken AS w) AS ready
+        SELECT (SELECT pg_notify('perdure_ready', w.app || chr(31) || w.run_id)::text
+                FROM woken AS w) AS ready
         FROM created
     )
     SELECT c.run_id, c.update_id, c.name, c.sequence, c.payload, c.state, c.response, c.at,

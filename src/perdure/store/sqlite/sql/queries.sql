@@ -166,6 +166,19 @@ SELECT runs.* FROM due JOIN runs ON runs.run_id = due.run_id
 ORDER BY due.due_at, due.created_at, due.run_id
 LIMIT :limit;
 
+-- name: claim_warm
+-- One run its worker parked warm, as a claim candidate: by key, only at the
+-- generation it was parked with, and only if the claim would take it (in no
+-- queue, queued and due or waiting past its deadline). claim_one takes it.
+SELECT * FROM runs
+WHERE run_id = :run_id AND app = :app AND generation = :generation
+  AND queue IS NULL AND dry_run = :dry_run
+  AND (workflow, version) IN (
+      SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:workflows)
+  )
+  AND ((state = 'queued' AND (ready_at IS NULL OR ready_at <= :now))
+       OR (state = 'waiting' AND ready_at <= :now));
+
 -- name: claim_one
 -- SET expressions read the old row, so a lapsed 'running' lease counts as a
 -- failure here.

@@ -1,0 +1,71 @@
+"""Port section: wake-ups that name their run, and the claim of a run its worker keeps warm.
+
+A worker that parks a run warm (:mod:`perdure.warm`) waits for the run to be
+woken and then claims it like any other ready run. The general claim looks at
+every way a run of the app becomes ready, in one transaction of its own; when
+the wake-up names the run and the worker holds that run warm, the worker may
+instead claim just that run, by key, at the generation it parked it with
+(:meth:`WarmClaims.claim_warm`). A run claimed since (by any worker) has a
+newer generation and is refused; so is one that is not ready, is in a queue,
+or belongs to another app, and the worker claims the ordinary way then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from perdure.store import port
+
+
+@dataclass(frozen=True)
+class Woken:
+    """What the wake-ups since the last look named."""
+
+    runs: frozenset[str]
+    """Runs each woken by name (a delivery, a signal, a message, a timer's settlement)."""
+    others: bool
+    """A wake-up named no run (a run created, a local wake-up, a lost listener)."""
+
+
+ANY = Woken(frozenset(), True)
+"""What a store whose wake-ups name no run reports: claim the ordinary way."""
+
+
+@runtime_checkable
+class WarmClaims(Protocol):
+    """The store operations of claims of warm-parked runs."""
+
+    def woken(self) -> Woken:
+        """Return what the wake-ups seen by ``wait_ready`` since the last call named.
+
+        Each wake-up is reported once, to one caller: a caller that gets
+        nothing named claims the ordinary way, so sharing the store between
+        several claimers costs only that.
+        """
+        ...
+
+    def claim_warm(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        *,
+        run_id: str,
+        known: port.KnownJournal,
+        lease_ttl: float,
+        dry_run: bool = False,
+    ) -> port.Claimed | None:
+        """Claim ``run_id`` alone, if it is ready and unclaimed since ``known`` was parked.
+
+        The run must be of ``app``, in no queue, of a listed (workflow,
+        version), match ``dry_run``, and be ready as :meth:`port.Store.claim`
+        defines it except lapsed (``queued`` and due, or ``waiting`` with a
+        due deadline) at ``known.generation``. It is claimed as the ordinary
+        claim would (generation + 1, ``claimed`` receipt, lease of
+        ``lease_ttl`` seconds) and returned with ``known``'s journal when its
+        ``started`` tail reads back unchanged, else with the stored journal.
+        None: not claimed (the caller claims the ordinary way).
+        """
+        ...
