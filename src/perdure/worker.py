@@ -314,15 +314,20 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                 claimed, ordinary = self._claim_woken(known, free) if notified else ([], True)
                 notified = False
                 if ordinary and len(claimed) < free:
-                    claimed += self._owner.claim(
-                        self.store,
-                        self.registry.workflow_versions(),
-                        lease_ttl=self._claim_ttl,
-                        limit=free - len(claimed),
-                        recover_until=self._clock_watch.recover_until(time.monotonic()),
-                        dry_run=self.dry_run,
-                        known=known,
-                    )
+                    try:
+                        claimed += self._owner.claim(
+                            self.store,
+                            self.registry.workflow_versions(),
+                            lease_ttl=self._claim_ttl,
+                            limit=free - len(claimed),
+                            recover_until=self._clock_watch.recover_until(time.monotonic()),
+                            dry_run=self.dry_run,
+                            known=known,
+                        )
+                    except Exception:
+                        # What was claimed by key is this worker's: run it all the same.
+                        self._dispatch(claimed, known)
+                        raise
             except errors.OwnershipConflict as exc:
                 if exc.holder != self.worker_id:
                     # Taken over: the new holder's takeover fenced this one's runs off.

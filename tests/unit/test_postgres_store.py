@@ -261,6 +261,30 @@ def test_a_delivery_names_the_run_it_wakes(
     assert _heard(store) == ({"r1"}, False)
 
 
+def test_a_warm_claim_that_waited_for_a_changed_row_claims_nothing(
+    postgres_url: str, store: postgres.PostgresStore
+) -> None:
+    claim = started("r1", store)
+    held = (port.JournalEntry(1, "wait", "go", "started"),)
+    assert store.park(claim, held, [port.WaitSpec("go", "signal")], wake_at=None)
+    assert store.wake("r1")
+    known = port.KnownJournal(claim.generation, held)
+    with psycopg.connect(postgres_url) as locker:
+        # A write to the run's row, open while the warm claim takes its snapshot.
+        locker.execute("UPDATE perdure.runs SET updated_at = updated_at WHERE run_id = 'r1'")
+        thread, out = in_thread(
+            lambda: store.claim_warm("app", "w1", WF, run_id="r1", known=known, lease_ttl=30)
+        )
+        wait_for_blocked(postgres_url, 1)
+        locker.commit()
+    thread.join(timeout=10)
+    # Judged in a snapshot older than the row it would claim: it claims nothing,
+    # and the ordinary claim takes the run.
+    assert out == [None]
+    assert state(store, "r1") == "queued"
+    assert claim_one(store).claim.generation == claim.generation + 1
+
+
 def test_a_broken_listener_is_reopened(postgres_url: str, store: postgres.PostgresStore) -> None:
     assert not store.wait_ready(0)
     sql(

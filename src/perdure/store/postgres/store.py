@@ -366,12 +366,12 @@ class PostgresStore(
         ttl: float,
         dry_run: bool,
     ) -> port.Claimed | None:
-        """One autocommit statement: the claim, its receipt, and the held tail compared.
+        """One autocommit statement: the claim, its receipt, its outcomes, the held tail compared.
 
         The held journal's ``started`` tail (see :meth:`_unchanged`) is
-        compared with the stored one inside the claim, so nothing is read
-        back. Outcomes are read only if the claim found some, and the stored
-        journal only if the tail differs (``resolve`` settled an entry).
+        compared with the stored one inside the claim, and the outcomes come
+        with it, so nothing is read back unless the tail differs (then the
+        stored journal is read, which the warm execution refuses: it replays).
         """
         held = list(known.journal)
         first = next((i for i, e in enumerate(held) if e.status == "started"), None)
@@ -400,15 +400,42 @@ class PostgresStore(
             ).fetchone()
             if row is None:
                 return None
-            found = [(self.read.run(row), False)]
-            journals = {run_id: held} if row["tail_kept"] else None
-            bare = () if row["has_outcomes"] else (run_id,)
-            (claimed,) = self._claimed(cur, found, journals, bare)
-            return claimed
+            run = self.read.run(row)
+            journal = held if row["tail_kept"] else self._journal_of(cur, run_id)
+            assert run.worker is not None and run.lease_expires_at is not None
+            claim = port.Claim(run_id, run.worker, run.generation, run.lease_expires_at)
+            return port.Claimed(claim, run, journal, self._settled_of(row), False)
 
         # Not retried when the connection is lost: the claim may have committed,
         # and then its lease lapses and the run is recovered as any other.
         return self._transact(work, single=True)
+
+    def _journal_of(self, cur: Cursor, run_id: str) -> list[port.JournalEntry]:
+        """The run's stored journal, read with ``cur``."""
+        return [self.read.entry(row) for row in self._exec(cur, "journal", run_id=run_id)]
+
+    def _settled_of(self, row: Row) -> list[port.Outcome]:
+        """The outcomes claim_warm returned as arrays, one column each, in their order."""
+        names = row["outcome_names"] or []
+        columns = ("outcome_kinds", "outcome_signal_ids", "outcome_payloads")
+        kinds, signal_ids, payloads = (row[c] or [] for c in columns)
+        digests, ats = row["outcome_digests"] or [], row["outcome_ats"] or []
+        return [
+            self.read.outcome(
+                {
+                    "run_id": row["run_id"],
+                    "name": name,
+                    "outcome": kind,
+                    "signal_id": signal_id,
+                    "payload": payload,
+                    "payload_digest": digest,
+                    "at": at,
+                }
+            )
+            for name, kind, signal_id, payload, digest, at in zip(
+                names, kinds, signal_ids, payloads, digests, ats, strict=True
+            )
+        ]
 
     # -- journal --------------------------------------------------------------
 

@@ -283,12 +283,19 @@ FROM claimed AS c ORDER BY updated_at, run_id;
 -- name: claim_warm
 -- One run its worker parked warm, claimed by that worker when a wake-up named
 -- it: by key, only at the generation it was parked with (no claim since), in
--- one statement (autocommit). The lock is waited for, not skipped: a general
--- claim that holds it either takes the run (this one then matches nothing)
--- or leaves it, and this one takes it. The conditions are the claim's for a
--- run in no queue that is queued and due or waiting past its deadline.
-WITH picked AS (
-    SELECT r.run_id, r.state FROM perdure.runs AS r
+-- one statement (autocommit). The conditions are the claim's for a run in no
+-- queue that is queued and due or waiting past its deadline.
+-- Everything is judged in this statement's snapshot, so the run's row must
+-- be the version that snapshot saw (its xmin): a row changed since (the
+-- claim then waited for its lock, and re-checks the newer version) is not
+-- claimed, and the worker claims the ordinary way. Every write of a run's
+-- journal changes its row, so the held journal's started tail (the entries
+-- past %(after)s; NULL: it has none) is compared here, each entry as its
+-- row's text, and the run's outcomes come back as arrays, and nothing is
+-- read back. An outcome settled without a change of the row (its run
+-- already queued) may be missed; the run's next park finds it.
+WITH seen AS (
+    SELECT r.run_id, r.state, r.xmin AS version FROM perdure.runs AS r
     WHERE r.run_id = %(run_id)s AND r.app = %(app)s AND r.generation = %(generation)s
       AND r.queue IS NULL AND r.dry_run = %(dry_run)s
       AND (r.workflow, r.version) IN (
@@ -300,7 +307,6 @@ WITH picked AS (
           OR (r.state = 'waiting'
               AND r.ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp()))
       )
-    FOR NO KEY UPDATE
 ), claimed AS (
     UPDATE perdure.runs AS r SET
         generation = r.generation + 1,
@@ -312,9 +318,9 @@ WITH picked AS (
         ready_at = NULL,
         ledger_sequence = r.ledger_sequence + 1,
         updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-    FROM picked AS p
-    WHERE r.run_id = p.run_id
-    RETURNING r.*, p.state AS prior_state
+    FROM seen AS s
+    WHERE r.run_id = s.run_id AND r.xmin = s.version
+    RETURNING r.*, s.state AS prior_state
 ), receipt AS (
     INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker)
     SELECT run_id, ledger_sequence, 'claimed', updated_at, generation, worker FROM claimed
@@ -322,10 +328,7 @@ WITH picked AS (
     DELETE FROM perdure.ledger AS l USING claimed AS c
     WHERE l.run_id = c.run_id AND l.sequence <= c.ledger_sequence - c.ledger_limit
 )
--- The held journal's started tail (entries past %(after)s; NULL: it has none)
--- is compared here, as each row's text, so that the claim reads nothing back.
-SELECT c.*,
-       EXISTS (SELECT 1 FROM perdure.outcomes AS o WHERE o.run_id = c.run_id) AS has_outcomes,
+SELECT c.*, settled.*,
        %(after)s::integer IS NULL OR (
            SELECT coalesce(array_agg(
                       ROW(j.position, j.kind, j.name, j.status, j.output, j.error, j.attempt)::text
@@ -342,7 +345,16 @@ SELECT c.*,
                        %(tail_attempts)s::integer[])
                 AS t(position, kind, name, status, output, error, attempt)
        ) AS tail_kept
-FROM claimed AS c;
+FROM claimed AS c
+CROSS JOIN LATERAL (
+    SELECT array_agg(o.name ORDER BY o.at, o.name) AS outcome_names,
+           array_agg(o.outcome ORDER BY o.at, o.name) AS outcome_kinds,
+           array_agg(o.signal_id ORDER BY o.at, o.name) AS outcome_signal_ids,
+           array_agg(o.payload ORDER BY o.at, o.name) AS outcome_payloads,
+           array_agg(o.payload_digest ORDER BY o.at, o.name) AS outcome_digests,
+           array_agg(o.at ORDER BY o.at, o.name) AS outcome_ats
+    FROM perdure.outcomes AS o WHERE o.run_id = c.run_id
+) AS settled;
 
 -- name: quarantine
 -- A claim candidate whose rows cannot be read is set aside, so that it stops
