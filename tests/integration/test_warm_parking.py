@@ -10,7 +10,7 @@ from typing import Any
 
 import perdure
 from perdure import warm
-from perdure.store import port
+from perdure.store import port, warmport
 
 WAIT = 30
 
@@ -133,6 +133,45 @@ def test_a_wake_up_that_names_a_warm_run_claims_it_alone(
     named = app.store.url.startswith("postgresql")
     assert by_key == ([handle.run_id] * 3 if named else [])
     assert [h.kind for h in app.history(handle.run_id)].count("claimed") == 4
+
+
+def test_a_warm_claim_that_fails_leaves_the_run_to_the_ordinary_claim(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    app = make_app()
+    entered: list[int] = []
+
+    @app.workflow()
+    def gatherer(ctx: perdure.Context, count: int) -> list[int]:
+        entered.append(1)
+        return [ctx.wait("item") for _ in range(count)]
+
+    handle = app.start(gatherer, 2)
+    store: Any = app.store
+    # Every wake-up names the run (as PostgreSQL's do), and its claim by key fails.
+    store.woken = lambda: warmport.Woken(frozenset({handle.run_id}), False)
+    failed: list[str] = []
+
+    def failing(*args: Any, **kwargs: Any) -> port.Claimed | None:
+        failed.append(kwargs["run_id"])
+        raise perdure.errors.StoreUnavailable("the store went away")
+
+    store.claim_warm = failing
+    worker = app.worker(warm_for=10)
+    with worker:
+        for i in range(2):
+
+            def held(generation: int = i + 1) -> bool:
+                known = (worker._known_journals() or {}).get(handle.run_id)
+                return known is not None and known.generation == generation
+
+            _until(held)
+            app.signal(handle.run_id, "item", i)
+        assert handle.result(timeout=WAIT) == [0, 1]
+    # Tried at each of the two wake-ups (and at any other that came meanwhile).
+    assert len(failed) >= 2 and set(failed) == {handle.run_id}
+    # The ordinary claim took the run each time, and handed it to its warm thread.
+    assert len(entered) == 1
 
 
 def test_a_claim_its_warm_thread_did_not_take_replays_the_stored_journal(
