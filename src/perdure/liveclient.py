@@ -156,7 +156,14 @@ class LiveCalls:
         ``delivered`` is the record this call just stored under ``watch``,
         still pending: the first look need not read it again.
         """
+        told = watch.answer if isinstance(watch, liveport.ToldAnswers) else None
+        checked = False  # whether a record of the update showed its name
         while True:
+            if checked and told is not None:
+                # Heard with its announcement: the committed answer, not read back.
+                response = told(run_id, update_id)
+                if response is not None:
+                    return self._response(run_id, response)
             found = delivered or store.get_update(run_id, update_id)
             delivered = None
             if found is None:
@@ -166,13 +173,9 @@ class LiveCalls:
                     f"update id {update_id!r} of run {run_id} was sent as {found.name!r}, "
                     f"not {name!r}"
                 )
+            checked = True
             if found.state == "answered":
-                try:
-                    return self.payloads.open_text(found.response)
-                except errors.PayloadUnreadable:
-                    raise
-                except errors.InvalidPayload as exc:
-                    raise errors.CorruptState(run_id, "update_response", str(exc)) from exc
+                return self._response(run_id, found.response)
             if found.state == "abandoned":
                 ended = self._run(run_id).state
                 raise errors.UpdateAbandoned(run_id, update_id, ended)
@@ -182,6 +185,15 @@ class LiveCalls:
                     f"run {run_id} did not answer update {update_id!r} within {timeout}s"
                 )
             watch.wait(left)
+
+    def _response(self, run_id: str, response: str | None) -> Any:
+        """The value of a stored response."""
+        try:
+            return self.payloads.open_text(response)
+        except errors.PayloadUnreadable:
+            raise
+        except errors.InvalidPayload as exc:
+            raise errors.CorruptState(run_id, "update_response", str(exc)) from exc
 
     # -- reading the journal --------------------------------------------------
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, Protocol, cast, get_args
+from typing import Literal, Protocol, cast, get_args, runtime_checkable
 
 from perdure import errors
 from perdure.store import port
@@ -100,6 +100,19 @@ class Watch(Protocol):
         allowed), False on timeout. Announcements made after the watch was
         opened and before this call count: they return at once.
         """
+        ...
+
+
+@runtime_checkable
+class ToldAnswers(Protocol):
+    """A watch that also hears the answers of updates, as they commit.
+
+    A store that can announce an update's answer with the answer itself (a
+    small one) lets its sender return without reading it back.
+    """
+
+    def answer(self, run_id: str, update_id: str) -> str | None:
+        """The response the update was answered with, if it was heard; else None (read it)."""
         ...
 
 

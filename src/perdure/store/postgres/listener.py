@@ -1,6 +1,8 @@
 """Watchers of live runs on PostgreSQL: one LISTEN connection per store object.
 
-A background thread LISTENs on ``perdure_live`` and counts notifications;
+A background thread LISTENs on ``perdure_live`` and counts notifications
+(and keeps the answers of updates heard on ``perdure_answer``, for their
+senders);
 each watcher remembers the count it last saw and waits on a condition until
 the count moves. A watcher opens its subscription only once the thread
 listens, so a change committed after the watcher's read is never missed. A
@@ -12,8 +14,10 @@ re-checked).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +26,9 @@ import psycopg
 log = logging.getLogger("perdure.store.postgres")
 
 _SLICE = 1.0
+_ANSWER_CHANNEL = "perdure_answer"
+# Answers held for senders that have not looked yet; the oldest go first.
+_ANSWERS = 1024
 _RETRY = 0.5
 _READY = 5.0
 
@@ -37,6 +44,9 @@ class _Watch:
         moved, self._seen = self._listener.wait_past(self._seen, timeout)
         return moved
 
+    def answer(self, run_id: str, update_id: str) -> str | None:
+        return self._listener.answer(run_id, update_id)
+
 
 class Listener:
     """A LISTEN connection shared by the watchers of one store object."""
@@ -50,6 +60,8 @@ class Listener:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
+        # Answers heard (perdure_answer), newest last, at most _ANSWERS of them.
+        self._answers: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def _bump(self) -> None:
         with self._cond:
@@ -74,7 +86,9 @@ class Listener:
                 self._cond.notify_all()
             try:
                 while not self._closed:
-                    for _ in conn.notifies(timeout=_SLICE):
+                    for notice in conn.notifies(timeout=_SLICE):
+                        if notice.channel == _ANSWER_CHANNEL:
+                            self._heard(notice.payload)
                         self._bump()
             except psycopg.Error:
                 pass
@@ -98,6 +112,25 @@ class Listener:
             self._cond.wait_for(lambda: self._listening or self._closed, _READY)
             seen = self._count
         yield _Watch(self, seen)
+
+    def _heard(self, payload: str) -> None:
+        try:
+            told = json.loads(payload)
+            key = (str(told["run_id"]), str(told["update_id"]))
+            response = told["response"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if not isinstance(response, str):
+            return
+        with self._cond:
+            self._answers[key] = response
+            while len(self._answers) > _ANSWERS:
+                self._answers.popitem(last=False)
+
+    def answer(self, run_id: str, update_id: str) -> str | None:
+        """The response heard for the update, if any (an answer never changes)."""
+        with self._cond:
+            return self._answers.get((run_id, update_id))
 
     def wait_past(self, seen: int, timeout: float) -> tuple[bool, int]:
         """Wait until the count passes ``seen``; return whether it did and the count now."""

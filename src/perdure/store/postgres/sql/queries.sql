@@ -1201,9 +1201,17 @@ SELECT f.ledger_sequence,
        CASE WHEN (SELECT count(*) FROM put) < %(entries)s
             THEN perdure.refuse('journal_position_taken') END AS refused,
        (SELECT count(*) FROM answered) AS answered,
+       -- The answer itself, for its sender, when it fits a notification (told
+       -- before the run's announcement, which wakes the sender).
+       CASE WHEN EXISTS (SELECT 1 FROM answered) AND octet_length(t.payload) <= 7000
+            THEN pg_notify('perdure_answer', t.payload)::text END AS told,
        CASE WHEN EXISTS (SELECT 1 FROM answered)
             THEN pg_notify('perdure_live', f.run_id)::text END AS announced
-FROM fence AS f;
+FROM fence AS f, LATERAL (
+    SELECT json_build_object(
+        'run_id', f.run_id, 'update_id', %(update_id)s::text, 'response', %(response)s::text
+    )::text AS payload
+) AS t;
 
 -- name: updates_abandon
 -- Updates a run ended without answering; their senders are told so.
@@ -1232,7 +1240,9 @@ ORDER BY position;
 SELECT pg_notify('perdure_live', run_id) FROM unnest(%(run_ids)s::text[]) AS run_id;
 
 -- name: listen_live
-LISTEN perdure_live;
+-- Changes of live runs, and the answers of updates (whose senders return with
+-- the answer heard instead of reading it).
+LISTEN perdure_live; LISTEN perdure_answer;
 
 -- name: census
 -- One row per state of the app's runs (one row of NULLs when it has none), each
