@@ -126,13 +126,18 @@ def outcomes(
     before its next journal write, and a child may end before the replay
     journals it again (the replay finds it by its key).
     """
-    children = {_child_id(e) for e in entries if e.kind == "child"} | set(unjournaled)
+    # The run's children, gathered from its journal only when a child's outcome
+    # asks: a run woken by a signal or an update is checked without a walk.
+    children: set[str] | None = None
     for outcome in found:
         if outcome.run_id != run_id:
             raise _fail(run_id, "outcome_run", f"outcome {outcome.name!r} is for another run")
         if outcome.outcome not in OUTCOME_KINDS:
             raise _fail(run_id, "outcome_kind", f"unknown outcome {outcome.outcome!r}")
         if outcome.name.startswith("child:"):
+            if children is None:
+                children = {_child_id(e) for e in entries if e.kind == "child"}
+                children |= set(unjournaled)
             if outcome.name[len("child:") :] not in children:
                 raise _fail(
                     run_id,
