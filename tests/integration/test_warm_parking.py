@@ -22,6 +22,15 @@ def _until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
         time.sleep(0.005)
 
 
+def _held_warm(worker: perdure.Worker, run_id: str, generation: int) -> bool:
+    """Whether the run waits warm in ``worker`` with the journal its claim ``generation`` parked.
+
+    Signaled only then, a run is woken while its worker holds it warm.
+    """
+    known = (worker._known_journals() or {}).get(run_id)
+    return known is not None and known.generation == generation
+
+
 def test_a_run_that_waits_goes_on_in_place_without_a_replay(
     make_app: Callable[..., perdure.App],
 ) -> None:
@@ -120,13 +129,7 @@ def test_a_wake_up_that_names_a_warm_run_claims_it_alone(
     worker = app.worker(warm_for=10)
     with worker:
         for i in range(3):
-            # Held warm (its slot knows the journal its claim i + 1 parked) before the
-            # signal wakes it.
-            def held(generation: int = i + 1) -> bool:
-                known = (worker._known_journals() or {}).get(handle.run_id)
-                return known is not None and known.generation == generation
-
-            _until(held)
+            _until(lambda n=i + 1: _held_warm(worker, handle.run_id, n))
             app.signal(handle.run_id, "item", i)
         assert handle.result(timeout=WAIT) == [0, 1, 2]
     # PostgreSQL's wake-ups name the run, SQLite's name none (the ordinary claim).
@@ -160,12 +163,7 @@ def test_a_warm_claim_that_fails_leaves_the_run_to_the_ordinary_claim(
     worker = app.worker(warm_for=10)
     with worker:
         for i in range(2):
-
-            def held(generation: int = i + 1) -> bool:
-                known = (worker._known_journals() or {}).get(handle.run_id)
-                return known is not None and known.generation == generation
-
-            _until(held)
+            _until(lambda n=i + 1: _held_warm(worker, handle.run_id, n))
             app.signal(handle.run_id, "item", i)
         assert handle.result(timeout=WAIT) == [0, 1]
     # Tried at each of the two wake-ups (and at any other that came meanwhile).
