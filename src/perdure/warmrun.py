@@ -119,7 +119,8 @@ class WarmExecution:
         """The journal as this execution wrote it, under the claim it holds (None: not replayed)."""
         if self._cursor is None:
             return None
-        return port.KnownJournal(self.claim.generation, tuple(self._cursor.entries()))
+        entries = tuple(self._cursor.entries())
+        return port.KnownJournal(self.claim.generation, entries, frozenset(self._outcomes))
 
     def _resume(self, claimed: port.Claimed) -> None:
         """Go on under a new claim of the run, from where its code waits."""
@@ -127,7 +128,9 @@ class WarmExecution:
         self.run_ = claimed.run
         with self._lock:
             self._claim = claimed.claim
-        self._outcomes = {o.name: o for o in claimed.outcomes}
+        # A claim by key may leave out the outcomes this execution holds (they
+        # never change): what it returns is added to them.
+        self._outcomes = {**self._outcomes, **{o.name: o for o in claimed.outcomes}}
         run = claimed.run
         self.lost = (
             errors.Canceled(run.run_id)

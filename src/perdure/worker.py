@@ -488,10 +488,13 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                 continue
             if known and item.claim.run_id in known:
                 # Its warm execution let go meanwhile. The journal the claim
-                # returned is the one it knew (the claim proved it current);
-                # a replay reads the stored one, as it always does.
+                # returned is the one it knew (the claim proved it current),
+                # and a claim by key may have left out the outcomes it held;
+                # a replay reads the stored ones, as it always does.
                 try:
-                    item = replace(item, journal=self.store.journal(item.claim.run_id))
+                    run_id = item.claim.run_id
+                    stored = self.store.journal(run_id), self.store.outcomes(run_id)
+                    item = replace(item, journal=stored[0], outcomes=stored[1])
                 except Exception as exc:
                     log.debug(
                         "worker %s: journal of %s unread: %s",

@@ -350,10 +350,15 @@ class KnownJournal:
     claim since, so only the ``started`` entries of ``journal`` (a parked
     run's waits) can differ from the stored ones: the claim reads those back
     and, if they are as held, returns ``journal`` instead of reading it all.
+
+    ``outcomes`` names the outcomes the holder already has: outcomes never
+    change once stored, so a claim of one run by key (``claim_warm``) may
+    leave those out of what it returns.
     """
 
     generation: int
     journal: Sequence[JournalEntry]
+    outcomes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

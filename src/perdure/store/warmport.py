@@ -65,7 +65,9 @@ class WarmClaims(Protocol):
         due deadline) at ``known.generation``. It is claimed as the ordinary
         claim would (generation + 1, ``claimed`` receipt, lease of
         ``lease_ttl`` seconds) and returned with ``known``'s journal when its
-        ``started`` tail reads back unchanged, else with the stored journal.
-        None: not claimed (the caller claims the ordinary way).
+        ``started`` tail reads back unchanged, else with the stored journal,
+        and with the run's outcomes, of which those named in
+        ``known.outcomes`` may be left out. None: not claimed (the caller
+        claims the ordinary way).
         """
         ...

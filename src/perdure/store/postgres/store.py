@@ -397,6 +397,7 @@ class PostgresStore(
                 tail_outputs=[e.output for e in tail],
                 tail_errors=[e.error for e in tail],
                 tail_attempts=[e.attempt for e in tail],
+                known_outcomes=sorted(known.outcomes),
             ).fetchone()
             if row is None:
                 return None

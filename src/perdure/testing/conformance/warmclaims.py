@@ -84,6 +84,28 @@ class WarmClaimTests(Suite):
         # The claim fences as any other: the next write under it lands.
         store.finish_step(claimed.claim, [entry(3)])
 
+    def test_claim_warm_may_leave_out_the_outcomes_held(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run = start(store)
+        first = claim_run(store, run)
+        entries = (
+            entry(1, "started", name="early", kind="wait"),
+            entry(2, "started", name="late", kind="wait"),
+        )
+        specs = [port.WaitSpec("early", "signal"), port.WaitSpec("late", "signal")]
+        assert store.park(first.claim, entries, specs, wake_at=None)
+        held, _ = store.settle_wait(run.run_id, "early", signaled(run.run_id, "early", clock.now()))
+        clock.advance(1)
+        fresh, _ = store.settle_wait(
+            run.run_id, "late", signaled(run.run_id, "late", clock.now(), signal_id="sig-2")
+        )
+        known = port.KnownJournal(1, entries, frozenset({"early"}))
+        claimed = self._claim_warm(store, run, known)
+        assert claimed is not None
+        # What is not held always comes back; what is held may (it never changes).
+        assert fresh in claimed.outcomes and set(claimed.outcomes) <= {held, fresh}
+
     def test_claim_warm_reads_the_journal_when_its_started_tail_differs(
         self, store: port.Store, clock: clocks.FakeClock
     ) -> None:

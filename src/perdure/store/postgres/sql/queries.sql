@@ -291,7 +291,8 @@ FROM claimed AS c ORDER BY updated_at, run_id;
 -- claimed, and the worker claims the ordinary way. Every write of a run's
 -- journal changes its row, so the held journal's started tail (the entries
 -- past %(after)s; NULL: it has none) is compared here, each entry as its
--- row's text, and the run's outcomes come back as arrays, and nothing is
+-- row's text, and the run's outcomes come back as arrays (but those the
+-- worker holds, %(known_outcomes)s: an outcome never changes), and nothing is
 -- read back. An outcome settled without a change of the row (its run
 -- already queued) may be missed; the run's next park finds it.
 WITH seen AS (
@@ -353,7 +354,8 @@ CROSS JOIN LATERAL (
            array_agg(o.payload ORDER BY o.at, o.name) AS outcome_payloads,
            array_agg(o.payload_digest ORDER BY o.at, o.name) AS outcome_digests,
            array_agg(o.at ORDER BY o.at, o.name) AS outcome_ats
-    FROM perdure.outcomes AS o WHERE o.run_id = c.run_id
+    FROM perdure.outcomes AS o
+    WHERE o.run_id = c.run_id AND NOT o.name = ANY(%(known_outcomes)s::text[])
 ) AS settled;
 
 -- name: quarantine
