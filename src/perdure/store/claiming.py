@@ -210,11 +210,14 @@ class ClaimTransitions(transitions.Transitions[C]):
         found: Sequence[tuple[port.Run, bool]],
         held: Mapping[str, list[port.JournalEntry]] | None = None,
         bare: Collection[str] = (),
+        kept: Mapping[str, Collection[str]] | None = None,
     ) -> list[port.Claimed]:
         """Return the claims of runs just claimed, each ``(run, recovered)``, with their records.
 
         The journals in ``held`` (by run id, see :meth:`_unchanged`) are not
-        read again, nor the outcomes of the runs in ``bare`` (known to have none).
+        read again, nor the outcomes of the runs in ``bare`` (known to have
+        none); the outcomes ``kept`` names for a run (its claimer holds them,
+        and they never change) are left out.
         """
         journals: dict[str, list[port.JournalEntry]] = dict(held or {})
         run_ids = [run.run_id for run, _ in found]
@@ -223,7 +226,10 @@ class ClaimTransitions(transitions.Transitions[C]):
             journals.setdefault(row["run_id"], []).append(self.read.entry(row))
         outcomes: dict[str, list[port.Outcome]] = {}
         unread = [run_id for run_id in run_ids if run_id not in bare]
+        kept = kept or {}
         for row in self._rows_of(cur, unread, "outcomes", "outcomes_of_runs"):
+            if row["name"] in kept.get(row["run_id"], ()):
+                continue
             outcomes.setdefault(row["run_id"], []).append(self.read.outcome(row))
         result = []
         for run, recovered in found:

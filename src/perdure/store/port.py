@@ -227,8 +227,9 @@ class Store(Protocol):
         ``known`` maps run ids to the journals the caller holds for runs it
         parked (:class:`KnownJournal`). A claimed run found not running at the
         generation given there comes back with that journal once its
-        ``started`` entries are read back unchanged, not read whole again; any
-        other run's journal is read as always.
+        ``started`` entries are read back unchanged, not read whole again, and
+        may come without the outcomes its ``outcomes`` names (they never
+        change); any other run's journal and outcomes are read as always.
         """
         ...
 

@@ -84,9 +84,10 @@ class WarmClaimTests(Suite):
         # The claim fences as any other: the next write under it lands.
         store.finish_step(claimed.claim, [entry(3)])
 
-    def test_claim_warm_may_leave_out_the_outcomes_held(
+    def _two_settled(
         self, store: port.Store, clock: clocks.FakeClock
-    ) -> None:
+    ) -> tuple[port.Run, port.KnownJournal, port.Outcome, port.Outcome]:
+        """Return a woken run, its journal held with the first of its two outcomes, and both."""
         run = start(store)
         first = claim_run(store, run)
         entries = (
@@ -100,10 +101,24 @@ class WarmClaimTests(Suite):
         fresh, _ = store.settle_wait(
             run.run_id, "late", signaled(run.run_id, "late", clock.now(), signal_id="sig-2")
         )
-        known = port.KnownJournal(1, entries, frozenset({"early"}))
+        return run, port.KnownJournal(1, entries, frozenset({"early"})), held, fresh
+
+    def test_claim_warm_may_leave_out_the_outcomes_held(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run, known, held, fresh = self._two_settled(store, clock)
         claimed = self._claim_warm(store, run, known)
         assert claimed is not None
         # What is not held always comes back; what is held may (it never changes).
+        assert fresh in claimed.outcomes and set(claimed.outcomes) <= {held, fresh}
+
+    def test_the_claim_may_leave_out_the_outcomes_held(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run, known, held, fresh = self._two_settled(store, clock)
+        versions = [(run.workflow, run.version)]
+        (claimed,) = store.claim(APP, WORKER, versions, lease_ttl=TTL, known={run.run_id: known})
+        assert claimed.journal == list(known.journal)
         assert fresh in claimed.outcomes and set(claimed.outcomes) <= {held, fresh}
 
     def test_claim_warm_reads_the_journal_when_its_started_tail_differs(
