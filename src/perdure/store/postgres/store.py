@@ -59,7 +59,7 @@ from perdure.store import (
     transitions,
     waiting,
 )
-from perdure.store.postgres import bridge, connection, listener
+from perdure.store.postgres import bridge, connection, listener, warmclaims
 
 log = logging.getLogger("perdure.store.postgres")
 
@@ -100,6 +100,7 @@ class PostgresStore(
     overview.Overview[Cursor],
     appschema.AppSchema[Cursor],
     owners.OwnerTransitions[Cursor],
+    warmclaims.WarmClaimTransitions,
     claiming.ClaimTransitions[Cursor],
     waiting.WaitTransitions[Cursor],
 ):
@@ -356,88 +357,6 @@ class PostgresStore(
             if unchanged is not None:
                 held[run_id], kept[run_id] = unchanged, known[run_id].outcomes
         return self._claimed(cur, found, held, bare, kept)
-
-    def _claim_warm(
-        self,
-        app: str,
-        worker: str,
-        workflows: Sequence[tuple[str, str]],
-        run_id: str,
-        known: port.KnownJournal,
-        ttl: float,
-        dry_run: bool,
-    ) -> port.Claimed | None:
-        """One autocommit statement: the claim, its receipt, its outcomes, the held tail compared.
-
-        The held journal's ``started`` tail (see :meth:`_unchanged`) is
-        compared with the stored one inside the claim, and the outcomes come
-        with it, so nothing is read back unless the tail differs (then the
-        stored journal is read, which the warm execution refuses: it replays).
-        """
-        held = list(known.journal)
-        first = next((i for i, e in enumerate(held) if e.status == "started"), None)
-        tail = held[first:] if first is not None else []
-
-        def work(cur: Cursor) -> port.Claimed | None:
-            row = self._exec(
-                cur,
-                "claim_warm",
-                app=app,
-                worker=worker,
-                run_id=run_id,
-                generation=known.generation,
-                workflows=[w for w, _ in workflows],
-                versions=[v for _, v in workflows],
-                lease_ttl=ttl,
-                dry_run=dry_run,
-                after=None if first is None else held[first].position - 1,
-                tail_positions=[e.position for e in tail],
-                tail_kinds=[e.kind for e in tail],
-                tail_names=[e.name for e in tail],
-                tail_statuses=[e.status for e in tail],
-                tail_outputs=[e.output for e in tail],
-                tail_errors=[e.error for e in tail],
-                tail_attempts=[e.attempt for e in tail],
-                known_outcomes=sorted(known.outcomes),
-            ).fetchone()
-            if row is None:
-                return None
-            run = self.read.run(row)
-            journal = held if row["tail_kept"] else self._journal_of(cur, run_id)
-            assert run.worker is not None and run.lease_expires_at is not None
-            claim = port.Claim(run_id, run.worker, run.generation, run.lease_expires_at)
-            return port.Claimed(claim, run, journal, self._settled_of(row), False)
-
-        # Not retried when the connection is lost: the claim may have committed,
-        # and then its lease lapses and the run is recovered as any other.
-        return self._transact(work, single=True)
-
-    def _journal_of(self, cur: Cursor, run_id: str) -> list[port.JournalEntry]:
-        """The run's stored journal, read with ``cur``."""
-        return [self.read.entry(row) for row in self._exec(cur, "journal", run_id=run_id)]
-
-    def _settled_of(self, row: Row) -> list[port.Outcome]:
-        """The outcomes claim_warm returned as arrays, one column each, in their order."""
-        names = row["outcome_names"] or []
-        columns = ("outcome_kinds", "outcome_signal_ids", "outcome_payloads")
-        kinds, signal_ids, payloads = (row[c] or [] for c in columns)
-        digests, ats = row["outcome_digests"] or [], row["outcome_ats"] or []
-        return [
-            self.read.outcome(
-                {
-                    "run_id": row["run_id"],
-                    "name": name,
-                    "outcome": kind,
-                    "signal_id": signal_id,
-                    "payload": payload,
-                    "payload_digest": digest,
-                    "at": at,
-                }
-            )
-            for name, kind, signal_id, payload, digest, at in zip(
-                names, kinds, signal_ids, payloads, digests, ats, strict=True
-            )
-        ]
 
     # -- journal --------------------------------------------------------------
 
