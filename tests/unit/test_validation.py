@@ -142,6 +142,9 @@ def test_sound_outcomes_pass() -> None:
     validation.outcomes("r1", [outcome("late", payload=None, outcome="timed_out")], [])
     # A child created by an attempt that died before journaling it, vouched for by the store.
     validation.outcomes("r1", [outcome("child:c9")], [], ["c9"])
+    # Several children's outcomes: the journal is walked for them once.
+    other = entry(2, kind="child", name="pack", output='{"run_id":"c10"}')
+    validation.outcomes("r1", [outcome("child:c9"), outcome("child:c10")], [child, other])
 
 
 def test_unjournaled_children_are_those_outcomes_name_and_the_journal_does_not() -> None:
