@@ -67,6 +67,8 @@ class Execution(
         self._buffer = writebuffer.WriteBuffer()
         self._cursor: replay.JournalCursor | None = None
         self._outcomes = {o.name: o for o in claimed.outcomes}
+        # Updates the claim read ahead, by the (name, after) next_update asks with.
+        self._ahead = dict(claimed.updates)
         self.ctx: context.Context | None = None
         run = claimed.run
         self.log = logs.RunLog(log, run.run_id, run.app, run.workflow, run.version)
@@ -183,9 +185,11 @@ class Execution(
 
     def next_update(self, name: str, after_sequence: int) -> live.UpdateReceived | None:
         store = liveport.require(self.store)
-        found: liveport.UpdateRecord | None = self._guarded(
-            lambda: store.next_update(self.run_.run_id, name, after_sequence)
-        )
+        # Read ahead by this claim: what the store would return now, as the
+        # first update after a sequence never changes once it exists.
+        found: liveport.UpdateRecord | None = self._ahead.get((name, after_sequence))
+        if found is None:
+            found = self._guarded(lambda: store.next_update(self.run_.run_id, name, after_sequence))
         if found is None:
             return None
         try:

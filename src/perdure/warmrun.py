@@ -42,6 +42,7 @@ class WarmExecution:
     _buffer: writebuffer.WriteBuffer
     _cursor: replay.JournalCursor | None
     _outcomes: dict[str, journal.Outcome]
+    _ahead: dict[tuple[str, int], port.UpdateRecord]
     _park_error: BaseException | None
 
     if TYPE_CHECKING:
@@ -54,6 +55,9 @@ class WarmExecution:
         def _guarded(self, fn: Callable[[], Any]) -> Any: ...
 
         def _begin_span(self) -> None: ...
+
+    # The update waits of the last warm park, as (name, after sequence).
+    _parked_on: tuple[tuple[str, int], ...] = ()
 
     def hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> bool:
         # A run with a deadline parks the ordinary way: its deadline is enforced there.
@@ -85,6 +89,7 @@ class WarmExecution:
         deadlines = [w.deadline for w in waits if w.deadline] + ([wake_at] if wake_at else [])
         wake = min(deadlines) if deadlines else None
         self.log.log(logging.DEBUG, "parked warm (%s)", ", ".join(w.name for w in waits) or wake)
+        self._parked_on = tuple((w.name, w.after_sequence) for w in waits if w.kind == "update")
         host.warm_parked(execution, slot, wake)
         # This claim's span ends here, as an ordinary park's would.
         self.span.end("parked")
@@ -120,7 +125,8 @@ class WarmExecution:
         if self._cursor is None:
             return None
         entries = tuple(self._cursor.entries())
-        return port.KnownJournal(self.claim.generation, entries, frozenset(self._outcomes))
+        outcomes = frozenset(self._outcomes)
+        return port.KnownJournal(self.claim.generation, entries, outcomes, self._parked_on)
 
     def _resume(self, claimed: port.Claimed) -> None:
         """Go on under a new claim of the run, from where its code waits."""
@@ -131,6 +137,7 @@ class WarmExecution:
         # A claim by key may leave out the outcomes this execution holds (they
         # never change): what it returns is added to them.
         self._outcomes = {**self._outcomes, **{o.name: o for o in claimed.outcomes}}
+        self._ahead = dict(claimed.updates)
         run = claimed.run
         self.lost = (
             errors.Canceled(run.run_id)

@@ -252,6 +252,41 @@ def test_updates_and_messages_and_children_are_taken_up_warm(
     assert len(entered) == 1
 
 
+def test_an_update_that_wakes_a_warm_run_comes_with_its_claim(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    app = make_app()
+
+    @app.workflow()
+    def answerer(ctx: perdure.Context, count: int) -> list[object]:
+        asked = []
+        for _ in range(count):
+            update = ctx.next_update("ask")
+            ctx.respond(update, update.payload * 2)
+            asked.append(update.payload)
+        return asked
+
+    handle = app.start(answerer, 3)
+    reads: list[object] = []
+    next_update = app.store.next_update  # type: ignore[attr-defined]
+
+    def recorded(*args: Any, **kwargs: Any) -> object:
+        found = next_update(*args, **kwargs)
+        reads.append(found)
+        return found
+
+    app.store.next_update = recorded  # type: ignore[attr-defined]
+    worker = app.worker(warm_for=10)
+    with worker:
+        for i in range(3):
+            _until(lambda n=i + 1: _held_warm(worker, handle.run_id, n))
+            assert app.update(handle.run_id, "ask", i, timeout=WAIT) == i * 2
+        assert handle.result(timeout=WAIT) == [0, 1, 2]
+    # The run read the store only to find nothing and park; each update it
+    # got came read ahead by the claim that took it up again.
+    assert reads == [None, None, None]
+
+
 def test_a_run_another_worker_moved_on_is_replayed_not_resumed(
     make_app: Callable[..., perdure.App],
 ) -> None:

@@ -210,25 +210,27 @@ class ClaimTransitions(transitions.Transitions[C]):
         found: Sequence[tuple[port.Run, bool]],
         held: Mapping[str, list[port.JournalEntry]] | None = None,
         bare: Collection[str] = (),
-        kept: Mapping[str, Collection[str]] | None = None,
+        known: Mapping[str, port.KnownJournal] | None = None,
     ) -> list[port.Claimed]:
         """Return the claims of runs just claimed, each ``(run, recovered)``, with their records.
 
         The journals in ``held`` (by run id, see :meth:`_unchanged`) are not
         read again, nor the outcomes of the runs in ``bare`` (known to have
-        none); the outcomes ``kept`` names for a run (its claimer holds them,
-        and they never change) are left out.
+        none). For a run in ``held`` its claimer's ``known`` journal names the
+        outcomes it holds (they never change: left out) and the updates its
+        code waits for (the first after each is read, see ``Claimed.updates``).
         """
         journals: dict[str, list[port.JournalEntry]] = dict(held or {})
         run_ids = [run.run_id for run, _ in found]
         unread = [run_id for run_id in run_ids if run_id not in journals]
         for row in self._rows_of(cur, unread, "journal", "journals"):
             journals.setdefault(row["run_id"], []).append(self.read.entry(row))
+        holders = {r: known[r] for r in (held or {}) if known and r in known}
         outcomes: dict[str, list[port.Outcome]] = {}
         unread = [run_id for run_id in run_ids if run_id not in bare]
-        kept = kept or {}
         for row in self._rows_of(cur, unread, "outcomes", "outcomes_of_runs"):
-            if row["name"] in kept.get(row["run_id"], ()):
+            holder = holders.get(row["run_id"])
+            if holder is not None and row["name"] in holder.outcomes:
                 continue
             outcomes.setdefault(row["run_id"], []).append(self.read.outcome(row))
         result = []
@@ -236,8 +238,22 @@ class ClaimTransitions(transitions.Transitions[C]):
             assert run.worker is not None and run.lease_expires_at is not None
             claim = port.Claim(run.run_id, run.worker, run.generation, run.lease_expires_at)
             journal, settled = journals.get(run.run_id, []), outcomes.get(run.run_id, [])
-            result.append(port.Claimed(claim, run, journal, settled, recovered))
+            holder = holders.get(run.run_id)
+            ahead = self._updates_ahead(cur, run.run_id, holder.updates) if holder else {}
+            result.append(port.Claimed(claim, run, journal, settled, recovered, ahead))
         return result
+
+    def _updates_ahead(
+        self, cur: C, run_id: str, waits: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], port.UpdateRecord]:
+        """The first update after each ``(name, after sequence)``, read under the claim."""
+        ahead = {}
+        for name, after in waits:
+            params = {"run_id": run_id, "name": name, "after_sequence": after}
+            row = self._exec(cur, "next_update", **params).fetchone()
+            if row is not None:
+                ahead[(name, after)] = self.read.update(row)
+        return ahead
 
     def _rows_of(
         self, cur: C, run_ids: Sequence[str], by_key: str, by_list: str

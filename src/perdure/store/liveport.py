@@ -36,14 +36,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal, Protocol, cast, get_args, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from perdure import errors
-from perdure.store import port
+from perdure.store import port, records
 
-UpdateState = Literal["pending", "answered", "abandoned"]
-UPDATE_STATES: frozenset[str] = frozenset(get_args(UpdateState))
+# The update's records live with the others, as a claim returns some too.
+UpdateState = records.UpdateState
+UPDATE_STATES = records.UPDATE_STATES
+UpdateRecord = records.UpdateRecord
 
 
 @dataclass(frozen=True)
@@ -69,25 +70,6 @@ class Overdue(Exception):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} is past its deadline")
         self.run_id = run_id
-
-
-@dataclass(frozen=True)
-class UpdateRecord:
-    """A stored update: the request, and its answer once there is one.
-
-    ``response`` is JSON text while ``answered``; ``settled_at`` is when it was
-    answered or abandoned.
-    """
-
-    run_id: str
-    update_id: str
-    name: str
-    sequence: int
-    payload: str
-    state: UpdateState
-    response: str | None
-    at: datetime
-    settled_at: datetime | None
 
 
 class Watch(Protocol):

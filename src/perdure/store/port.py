@@ -83,6 +83,7 @@ NewMessage = records.NewMessage
 Message = records.Message
 Claimed = records.Claimed
 KnownJournal = records.KnownJournal
+UpdateRecord = records.UpdateRecord
 Census = records.Census
 
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from perdure import errors
 from perdure.store import planport
@@ -328,6 +328,29 @@ class Message:
     at: datetime
 
 
+UpdateState = Literal["pending", "answered", "abandoned"]
+UPDATE_STATES: frozenset[str] = frozenset(get_args(UpdateState))
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    """A stored update: the request, and its answer once there is one.
+
+    ``response`` is JSON text while ``answered``; ``settled_at`` is when it was
+    answered or abandoned.
+    """
+
+    run_id: str
+    update_id: str
+    name: str
+    sequence: int
+    payload: str
+    state: UpdateState
+    response: str | None
+    at: datetime
+    settled_at: datetime | None
+
+
 @dataclass(frozen=True)
 class Claimed:
     """A fresh claim with everything needed to replay the run."""
@@ -337,6 +360,9 @@ class Claimed:
     journal: list[JournalEntry]
     outcomes: list[Outcome] = field(default_factory=list)
     recovered: bool = False
+    # The first update after each (name, after sequence) of KnownJournal.updates,
+    # as next_update would have returned it under this claim.
+    updates: dict[tuple[str, int], UpdateRecord] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -353,12 +379,16 @@ class KnownJournal:
 
     ``outcomes`` names the outcomes the holder already has: outcomes never
     change once stored, so a claim of one run by key (``claim_warm``) may
-    leave those out of what it returns.
+    leave those out of what it returns. ``updates`` are the update waits it
+    parked on, each ``(name, after sequence)``: a claim that proves the
+    journal current reads the first update after each (``Claimed.updates``),
+    which spares the run that read once it goes on.
     """
 
     generation: int
     journal: Sequence[JournalEntry]
     outcomes: frozenset[str] = frozenset()
+    updates: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -339,7 +339,6 @@ class PostgresStore(
                 raise rows.corrupt(row["run_id"], "run_worker_id", f"worker {worker!r}")
         found = [(self.read.run(row), row["prior_state"] == "running") for row in claimed]
         held: dict[str, list[port.JournalEntry]] = {}
-        kept: dict[str, frozenset[str]] = {}
         bare: set[str] = set()
         for row in claimed:
             run_id = row["run_id"]
@@ -355,8 +354,8 @@ class PostgresStore(
             prior = (row["prior_state"], row["prior_generation"])
             unchanged = self._unchanged(cur, known, run_id, *prior) if known else None
             if unchanged is not None:
-                held[run_id], kept[run_id] = unchanged, known[run_id].outcomes
-        return self._claimed(cur, found, held, bare, kept)
+                held[run_id] = unchanged
+        return self._claimed(cur, found, held, bare, known)
 
     # -- journal --------------------------------------------------------------
 

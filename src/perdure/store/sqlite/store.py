@@ -262,13 +262,13 @@ class SqliteStore(
         params = {"run_id": run_id, "worker": worker, "lease_ttl": ttl}
         row = self._exec(cur, "claim_one", **params).fetchone()
         assert row is not None  # the candidate was read under the same lock
-        held, kept = {}, {}
+        held = {}
         if known:
             unchanged = self._unchanged(cur, known, run_id, prior, candidate["generation"])
             if unchanged is not None:
-                held[run_id], kept[run_id] = unchanged, known[run_id].outcomes
+                held[run_id] = unchanged
         found = [(self.read.run(row), prior == "running")]
-        (claimed,) = self._claimed(cur, found, held, kept=kept)
+        (claimed,) = self._claimed(cur, found, held, known=known)
         receipt = port.Mark("recovered" if prior == "running" else "claimed")
         run = claimed.run
         self._append_marks(cur, claimed.claim, run.ledger_sequence, [receipt], run.ledger_limit)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from perdure.store import port, warmport
+from perdure.store import liveport, port, warmport
 from perdure.testing import clock as clocks
 from perdure.testing.conformance.harness import (
     APP,
@@ -120,6 +120,59 @@ class WarmClaimTests(Suite):
         (claimed,) = store.claim(APP, WORKER, versions, lease_ttl=TTL, known={run.run_id: known})
         assert claimed.journal == list(known.journal)
         assert fresh in claimed.outcomes and set(claimed.outcomes) <= {held, fresh}
+
+    def _asked(self, store: port.Store) -> tuple[port.Run, port.KnownJournal]:
+        """Return a run parked on updates ``ask`` and ``tell``, woken by two of ``ask``.
+
+        It has consumed none (after 0) of ``ask`` and one (after 1) of
+        ``tell``; the known journal its parker holds names both waits.
+        """
+        run = start(store)
+        first = claim_run(store, run)
+        live = liveport.require(store)
+        live.deliver_update(liveport.NewUpdate(run.run_id, "t-1", "tell", "1"))
+        entries = (entry(1, name="tell", kind="update"),)
+        specs = [port.WaitSpec("ask", "update", None, 0), port.WaitSpec("tell", "update", None, 1)]
+        assert store.park(first.claim, entries, specs, wake_at=None)
+        for update_id, payload in (("a-1", "10"), ("a-2", "20")):
+            live.deliver_update(liveport.NewUpdate(run.run_id, update_id, "ask", payload))
+        known = port.KnownJournal(1, entries, frozenset(), (("ask", 0), ("tell", 1)))
+        return run, known
+
+    def _ahead_as_read(self, store: port.Store, run: port.Run, claimed: port.Claimed) -> None:
+        """The claim read ahead the first ``ask`` update, as next_update reads it, and no more."""
+        live = liveport.require(store)
+        first = live.next_update(run.run_id, "ask", 0)
+        assert first is not None and first.update_id == "a-1"
+        assert live.next_update(run.run_id, "tell", 1) is None
+        assert claimed.updates == {("ask", 0): first}
+
+    def test_claim_warm_reads_ahead_the_updates_its_holder_waits_for(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run, known = self._asked(store)
+        claimed = self._claim_warm(store, run, known)
+        assert claimed is not None
+        self._ahead_as_read(store, run, claimed)
+
+    def test_the_claim_reads_ahead_the_updates_of_a_journal_it_proves_current(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run, known = self._asked(store)
+        versions = [(run.workflow, run.version)]
+        (claimed,) = store.claim(APP, WORKER, versions, lease_ttl=TTL, known={run.run_id: known})
+        assert claimed.journal == list(known.journal)
+        self._ahead_as_read(store, run, claimed)
+
+    def test_a_claim_reads_no_updates_ahead_for_a_journal_it_does_not_prove(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        run, known = self._asked(store)
+        # Held at another generation: the claim cannot vouch for it, nor read for it.
+        stale = port.KnownJournal(2, known.journal, frozenset(), known.updates)
+        versions = [(run.workflow, run.version)]
+        (claimed,) = store.claim(APP, WORKER, versions, lease_ttl=TTL, known={run.run_id: stale})
+        assert claimed.updates == {}
 
     def test_claim_warm_reads_the_journal_when_its_started_tail_differs(
         self, store: port.Store, clock: clocks.FakeClock
