@@ -32,6 +32,9 @@ class LiveTransitions(transitions.Transitions[C]):
     def _announce(self, cur: C, run_ids: Iterable[str]) -> None:
         """Wake watchers once this transaction commits: these runs changed."""
 
+    def _tell_answer(self, cur: C, run_id: str, update_id: str, response: str) -> None:
+        """Tell watchers this answer with the announcement, if the store can (see ToldAnswers)."""
+
     @abc.abstractmethod
     def now(self) -> datetime:
         """The store's current time (the injected clock's, if any)."""
@@ -146,6 +149,7 @@ class LiveTransitions(transitions.Transitions[C]):
             answered = self._exec(cur, "update_answer", **params).fetchone() is not None
             if answered:
                 self._announce(cur, [claim.run_id])
+                self._tell_answer(cur, claim.run_id, update_id, response)
             return answered
 
         return self._transact(work)

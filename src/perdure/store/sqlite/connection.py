@@ -208,7 +208,7 @@ class _Group:
 class Tx:
     """One connection inside one transaction (or one read), with the instant it runs at."""
 
-    __slots__ = ("_now_us", "announce", "conn", "notify", "now", "path")
+    __slots__ = ("_now_us", "announce", "conn", "notify", "now", "path", "told")
 
     def __init__(self, conn: sqlite3.Connection, now: datetime, path: str) -> None:
         self.conn = conn
@@ -219,6 +219,8 @@ class Tx:
         self.notify = False
         # Set by a write that changes a live run: its watchers are woken after COMMIT.
         self.announce = False
+        # Answers told to those watchers with the wake-up (wakeup.told).
+        self.told: list[bytes] = []
 
     def execute(self, query: str, params: dict[str, Any]) -> Result:
         """Run the named query ``query``; ``now`` is always passed."""
@@ -259,6 +261,7 @@ class Connections:
         self._wakeup = wakeup.Channel(self.path)
         # Watchers of live runs listen on channels of their own (see watch()).
         self._live = wakeup.Channel(self.path, LIVE_TOPIC)
+        self._watchers = wakeup.Listeners(self.path, LIVE_TOPIC)
 
     # -- connections ------------------------------------------------------
 
@@ -417,7 +420,7 @@ class Connections:
         if tx.notify:
             self.notify_ready()
         if tx.announce:
-            self._live.notify()
+            self._live.notify(*tx.told)
         return result
 
     def wait_ready(self, timeout: float) -> bool:
@@ -441,3 +444,4 @@ class Connections:
             conn.close()
         self._wakeup.close()
         self._live.close()
+        self._watchers.close()

@@ -163,21 +163,25 @@ class SqliteStore(
     def _announce(self, cur: Cursor, run_ids: Iterable[str]) -> None:
         cur.announce = True
 
+    def _tell_answer(self, cur: Cursor, run_id: str, update_id: str, response: str) -> None:
+        told = wakeup.told(run_id, update_id, response)
+        if told is not None:
+            cur.told.append(told)
+
     @contextmanager
     def watch(self) -> Iterator[liveport.Watch]:
         """Listen for changes of live runs made by any process of this host."""
-        channel = wakeup.Channel(self.path, connection.LIVE_TOPIC)
         try:
-            try:
-                channel.listen()
-            except OSError:
-                # No socket to listen on (a full or read-only temporary
-                # directory): the watcher polls instead.
-                yield _Poll()
-                return
+            channel = self._watchers.take()
+        except OSError:
+            # No socket to listen on (a full or read-only temporary
+            # directory): the watcher polls instead.
+            yield _Poll()
+            return
+        try:
             yield channel
         finally:
-            channel.close()
+            self._watchers.give(channel)
 
     # -- lifecycle ------------------------------------------------------------
 
