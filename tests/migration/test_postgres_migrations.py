@@ -43,7 +43,8 @@ _CATALOG = {
         WHERE n.nspname = 'perdure' ORDER BY 1, 2
     """,
     "functions": """
-        SELECT p.proname, pg_get_function_identity_arguments(p.oid), p.prosrc FROM pg_proc AS p
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), p.prosrc, p.proconfig
+        FROM pg_proc AS p
         JOIN pg_namespace AS n ON n.oid = p.pronamespace
         WHERE n.nspname = 'perdure' ORDER BY 1
     """,

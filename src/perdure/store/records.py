@@ -380,9 +380,9 @@ class KnownJournal:
     ``outcomes`` names the outcomes the holder already has: outcomes never
     change once stored, so a claim of one run by key (``claim_warm``) may
     leave those out of what it returns. ``updates`` are the update waits it
-    parked on, each ``(name, after sequence)``: a claim that proves the
-    journal current reads the first update after each (``Claimed.updates``),
-    which spares the run that read once it goes on.
+    parked on, each ``(name, after sequence)``: ``claim`` reads the first
+    update after each when it proves the journal current (``Claimed.updates``),
+    which spares the run that read once it goes on; ``claim_warm`` may.
     """
 
     generation: int

@@ -294,10 +294,7 @@ FROM claimed AS c ORDER BY updated_at, run_id;
 -- row's text, and the run's outcomes come back as arrays (but those the
 -- worker holds, %(known_outcomes)s: an outcome never changes), and nothing is
 -- read back. An outcome settled without a change of the row (its run
--- already queued) may be missed; the run's next park finds it. So do the
--- first update after each update wait the worker parked on (%(wait_names)s,
--- %(wait_afters)s), as next_update reads it: an update delivered after this
--- snapshot is later in sequence, and the run reads it itself.
+-- already queued) may be missed; the run's next park finds it.
 WITH seen AS (
     SELECT r.run_id, r.state, r.xmin AS version FROM perdure.runs AS r
     WHERE r.run_id = %(run_id)s AND r.app = %(app)s AND r.generation = %(generation)s
@@ -332,7 +329,7 @@ WITH seen AS (
     DELETE FROM perdure.ledger AS l USING claimed AS c
     WHERE l.run_id = c.run_id AND l.sequence <= c.ledger_sequence - c.ledger_limit
 )
-SELECT c.*, settled.*, ahead.*,
+SELECT c.*, settled.*,
        %(after)s::integer IS NULL OR (
            SELECT coalesce(array_agg(
                       ROW(j.position, j.kind, j.name, j.status, j.output, j.error, j.attempt)::text
@@ -359,26 +356,7 @@ CROSS JOIN LATERAL (
            array_agg(o.at ORDER BY o.at, o.name) AS outcome_ats
     FROM perdure.outcomes AS o
     WHERE o.run_id = c.run_id AND NOT o.name = ANY(%(known_outcomes)s::text[])
-) AS settled
-CROSS JOIN LATERAL (
-    SELECT array_agg(w.after ORDER BY w.ord) AS ahead_afters,
-           array_agg(u.update_id ORDER BY w.ord) AS ahead_ids,
-           array_agg(u.name ORDER BY w.ord) AS ahead_names,
-           array_agg(u.sequence ORDER BY w.ord) AS ahead_sequences,
-           array_agg(u.payload ORDER BY w.ord) AS ahead_payloads,
-           array_agg(u.state ORDER BY w.ord) AS ahead_states,
-           array_agg(u.response ORDER BY w.ord) AS ahead_responses,
-           array_agg(u.at ORDER BY w.ord) AS ahead_ats,
-           array_agg(u.settled_at ORDER BY w.ord) AS ahead_settled_ats
-    FROM unnest(%(wait_names)s::text[], %(wait_afters)s::bigint[]) WITH ORDINALITY
-        AS w(name, after, ord)
-    CROSS JOIN LATERAL (
-        SELECT * FROM perdure.updates AS x
-        WHERE x.run_id = c.run_id AND x.name = w.name AND x.sequence > w.after
-        ORDER BY x.sequence
-        LIMIT 1
-    ) AS u
-) AS ahead;
+) AS settled;
 
 -- name: quarantine
 -- A claim candidate whose rows cannot be read is set aside, so that it stops

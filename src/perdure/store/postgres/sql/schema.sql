@@ -213,7 +213,10 @@ CREATE FUNCTION perdure.deliver_update(
     run_id text, update_id text, name text, sequence bigint, payload text, state text,
     response text, at timestamptz, settled_at timestamptz, fresh boolean, refused text
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Its statements are all by run id: one generic plan per connection (0019).
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     target perdure.runs%ROWTYPE;
