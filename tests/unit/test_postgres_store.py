@@ -285,39 +285,6 @@ def test_a_warm_claim_that_waited_for_a_changed_row_claims_nothing(
     assert claim_one(store).claim.generation == claim.generation + 1
 
 
-def test_a_watch_hears_a_small_answer_with_its_announcement(
-    postgres_url: str, store: postgres.PostgresStore
-) -> None:
-    claim = started("r1", store)
-    for update_id in ("small", "large", "escaped"):
-        store.deliver_update(liveport.NewUpdate("r1", update_id, "ask", "1"))
-    large = '"' + "x" * 8000 + '"'
-    # Short as stored, too long once escaped for the notification's JSON.
-    escaped = '"' + "\\\\" * 3000 + '"'
-    with store.watch() as watch:
-        assert isinstance(watch, liveport.ToldAnswers)
-        other = postgres.PostgresStore(postgres_url)
-        try:
-            # The large one first: once the small one is heard, so is all before it.
-            too_long = port.JournalEntry(1, "respond", "ask", "ok", "1")
-            assert other.answer_update(claim, [too_long], "large", large)
-            long_escaped = port.JournalEntry(2, "respond", "ask", "ok", "2")
-            assert other.answer_update(claim, [long_escaped], "escaped", escaped)
-            answer = port.JournalEntry(3, "respond", "ask", "ok", "3")
-            assert other.answer_update(claim, [answer], "small", '"yes"')
-        finally:
-            other.close()
-        deadline = time.monotonic() + 10
-        while watch.answer("r1", "small") is None:
-            assert watch.wait(max(0.0, deadline - time.monotonic()))
-        assert watch.answer("r1", "small") == '"yes"'
-        # Too long for a notification: announced, not told (its sender reads it).
-        assert watch.answer("r1", "large") is None
-        assert watch.answer("r1", "escaped") is None
-        assert store.get_update("r1", "escaped").response == escaped  # type: ignore[union-attr]
-        assert watch.answer("r1", "unknown") is None
-
-
 def test_a_broken_listener_is_reopened(postgres_url: str, store: postgres.PostgresStore) -> None:
     assert not store.wait_ready(0)
     sql(

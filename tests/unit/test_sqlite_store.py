@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from perdure import errors
-from perdure.store import liveport, port
+from perdure.store import port
 from perdure.store.sqlite import store as sqlite
 from perdure.testing.clock import FakeClock
 
@@ -303,29 +303,3 @@ def test_corrupt_journal_ledger_and_outcome_rows_are_refused(store: sqlite.Sqlit
         with pytest.raises(errors.CorruptState) as caught:
             read("r")
         assert caught.value.invariant == invariant
-
-
-def test_a_watch_hears_a_small_answer_with_its_wake_up(
-    sqlite_url: str, store: sqlite.SqliteStore
-) -> None:
-    claim = started(store, "r1")
-    for update_id in ("small", "large"):
-        store.deliver_update(liveport.NewUpdate("r1", update_id, "ask", "1"))
-    large = '"' + "x" * 8000 + '"'
-    with store.watch() as watch:
-        assert isinstance(watch, liveport.ToldAnswers)
-        other = sqlite.SqliteStore(sqlite_url)
-        try:
-            too_long = port.JournalEntry(1, "respond", "ask", "ok", "1")
-            assert other.answer_update(claim, [too_long], "large", large)
-            answer = port.JournalEntry(2, "respond", "ask", "ok", "2")
-            assert other.answer_update(claim, [answer], "small", '"yes"')
-        finally:
-            other.close()
-        deadline = time.monotonic() + 10
-        while watch.answer("r1", "small") is None:
-            assert watch.wait(max(0.0, deadline - time.monotonic()))
-        assert watch.answer("r1", "small") == '"yes"'
-        # Too long for a datagram: announced, not told (its sender reads it).
-        assert watch.answer("r1", "large") is None
-        assert store.get_update("r1", "large").response == large  # type: ignore[union-attr]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import multiprocessing
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -411,6 +412,37 @@ class LiveTests(Suite):
 
         assert _watch_woken(handle.store, change) == (True, True)
         assert handle.store.journal(run.run_id) == last
+
+    def test_a_watch_that_is_told_answers_hears_a_short_one_as_committed(
+        self, handle: StoreHandle
+    ) -> None:
+        run = start(handle.store)
+        claim = claim_run(handle.store, run).claim
+        for update_id in ("large", "escaped", "small"):
+            _live(handle.store).deliver_update(_update(run.run_id, update_id, "ask"))
+        large = '"' + "x" * 8000 + '"'
+        # Short as stored, too long once escaped into the announcement's JSON.
+        escaped = '"' + "\\\\" * 3000 + '"'
+        with _live(handle.store).watch() as watch:
+            if not isinstance(watch, liveport.ToldAnswers):
+                pytest.skip("this store's watch is not told answers (its senders read them)")
+            other = _live(handle.reopen())
+            # The long ones first: once the short one is heard, so is all before it.
+            for position, (update_id, response) in enumerate(
+                [("large", large), ("escaped", escaped), ("small", '"yes"')], start=1
+            ):
+                answer = entry(position, kind="respond", name="ask")
+                assert other.answer_update(claim, [answer], update_id, response)
+            deadline = time.monotonic() + TIMEOUT
+            while watch.answer(run.run_id, "small") is None:
+                assert watch.wait(max(0.0, deadline - time.monotonic()))
+            assert watch.answer(run.run_id, "small") == '"yes"'
+            # Too long to tell: announced, not told (its sender reads it back).
+            assert watch.answer(run.run_id, "large") is None
+            assert watch.answer(run.run_id, "escaped") is None
+            stored = _live(handle.store).get_update(run.run_id, "escaped")
+            assert stored is not None and stored.response == escaped
+            assert watch.answer(run.run_id, "unknown") is None
 
     def test_watch_is_woken_by_an_answer_from_another_process(self, handle: StoreHandle) -> None:
         if not (self.processes and self.shared):
