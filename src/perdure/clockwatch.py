@@ -129,6 +129,11 @@ class ClockWatch:
         """Return whether lapsed leases may be judged by the store's clock at ``monotonic``."""
         return self._trusted_from is not None and monotonic >= self._trusted_from
 
+    @property
+    def trusted_from(self) -> float | None:
+        """The monotonic instant from which lapsed leases may be judged (None: not read yet)."""
+        return self._trusted_from
+
     def recover_until(self, monotonic: float) -> datetime | None:
         """Return the latest store instant at which a claim made now may recover runs.
 

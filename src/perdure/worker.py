@@ -57,6 +57,9 @@ log = logging.getLogger("perdure.worker")
 _MAX_CLAIM_BACKOFF = 30.0
 # Runs deleted per sweep at most: pruning a big store never holds claims for long.
 _PRUNE_BATCH = 500
+# The shortest idle wait for a lease to lapse: a store clock held still (a
+# test's) must not turn the wait into a spin.
+_LAPSE_MIN_WAIT = 0.05
 
 
 # Defined with the execution that uses it; named here for callers.
@@ -312,7 +315,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                 # A wake-up that named only runs parked warm here: those alone are
                 # claimed, by key. A timeout claims the ordinary way (timers, lapses).
                 claimed, ordinary = self._claim_woken(known, free) if notified else ([], True)
-                notified = False
+                polled, notified = not notified, False
                 if ordinary and len(claimed) < free:
                     try:
                         claimed += self._owner.claim(
@@ -362,7 +365,10 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                 # Short of the slots free: nothing else was ready. Whatever
                 # becomes ready from here is announced, and an announcement
                 # made meanwhile ends this wait at once, so claiming again
-                # now would only find nothing.
+                # now would only find nothing. A lapse is not announced: after
+                # a poll found nothing, the wait ends when the next lease lapses.
+                if polled and not claimed:
+                    self._wake_at_lapse()
                 notified = self.store.wait_ready(self._idle_timeout())
 
     def _prune(self) -> None:
@@ -433,6 +439,26 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                 return 0.0
             timeout = min(timeout, left)
         return timeout
+
+    def _wake_at_lapse(self) -> None:
+        """End the next idle wait when the app's next lease lapses, if before the poll.
+
+        Until the store's clock is trusted (a lease TTL after its first
+        reading) no claim recovers a run, so the wait ends then instead, for
+        leases that lapsed meanwhile.
+        """
+        wake = self._clock_watch.trusted_from
+        if wake is None or wake <= time.monotonic():
+            try:
+                at = self.store.next_lapse(self.registry.name)
+                left = None if at is None else (at - self.store.now()).total_seconds()
+            except Exception as exc:
+                # The poll finds the lapse all the same, only later.
+                log.debug("worker %s: cannot read the next lapse: %s", self.worker_id, exc)
+                return
+            wake = None if left is None else time.monotonic() + max(_LAPSE_MIN_WAIT, left)
+        if wake is not None and (self._next_wake is None or wake < self._next_wake):
+            self._next_wake = wake
 
     def _note_wake(self, when: datetime | None) -> None:
         if when is None:

@@ -278,6 +278,15 @@ class ClaimTransitions(transitions.Transitions[C]):
 
         return self._transact(work)
 
+    def next_lapse(self, app: str) -> datetime | None:
+        """The earliest lease of the app's running runs still to lapse, or None."""
+        row = self._transact(
+            lambda cur: self._exec(cur, "next_lapse", app=app).fetchone(), single=True
+        )
+        if row is None or row["at"] is None:
+            return None
+        return self.read.instant(row, "at")
+
     def release(
         self, claim: port.Claim, *, delay: float, failed: bool, marks: Sequence[port.Mark] = ()
     ) -> None:

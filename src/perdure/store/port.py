@@ -243,6 +243,15 @@ class Store(Protocol):
         """
         ...
 
+    def next_lapse(self, app: str) -> datetime | None:
+        """The earliest lease of the app's running runs still to lapse, or None.
+
+        A lapse is announced by nobody: an idle worker that waits until this
+        instant (rather than its next poll) recovers a dead worker's run as
+        soon as a claim may. Leases already lapsed are left out.
+        """
+        ...
+
     def release(
         self, claim: Claim, *, delay: float, failed: bool, marks: Sequence[Mark] = ()
     ) -> None:

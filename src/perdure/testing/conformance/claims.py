@@ -166,6 +166,22 @@ class ClaimTests(Suite):
         third = claim_run(store, run)
         assert (third.recovered, third.run.failures, third.claim.generation) == (True, 2, 3)
 
+    def test_next_lapse_is_the_earliest_lease_of_the_apps_running_runs_to_come(
+        self, store: port.Store, clock: clocks.FakeClock
+    ) -> None:
+        assert store.next_lapse(APP) is None
+        start(store)  # queued: holds no lease
+        short = claim_run(store, start(store, workflow="short"), lease_ttl=10)
+        claim_run(store, start(store, workflow="long"), lease_ttl=20)
+        claim_run(store, start(store, app=OTHER_APP, workflow="other"), lease_ttl=5)
+        assert store.next_lapse(APP) == short.claim.lease_expires_at
+        assert store.next_lapse(OTHER_APP) == clock.now() + timedelta(seconds=5)
+        clock.advance(11)
+        # Lapsed already: a claim may recover it now; the next to lapse is the other.
+        assert store.next_lapse(APP) == clock.now() + timedelta(seconds=9)
+        clock.advance(10)
+        assert store.next_lapse(APP) is None
+
     def test_queued_run_with_future_ready_at_waits_for_the_clock(
         self, store: port.Store, clock: clocks.FakeClock
     ) -> None:

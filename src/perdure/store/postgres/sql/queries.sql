@@ -430,6 +430,12 @@ FROM fence AS f;
 SELECT generation, state, cancel_requested, suspend_requested FROM perdure.runs
 WHERE run_id = %(run_id)s;
 
+-- name: next_lapse
+-- The earliest lease of the app's running runs still to lapse (runs_lease).
+SELECT min(lease_expires_at) AS at FROM perdure.runs
+WHERE app = %(app)s AND state = 'running'
+  AND lease_expires_at > coalesce(%(now)s::timestamptz, statement_timestamp());
+
 -- name: renew
 UPDATE perdure.runs SET
     lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp())

@@ -212,6 +212,11 @@ RETURNING generation, ledger_sequence;
 -- name: fence_state
 SELECT generation, state, cancel_requested, suspend_requested FROM runs WHERE run_id = :run_id;
 
+-- name: next_lapse
+-- The earliest lease of the app's running runs still to lapse (runs_running).
+SELECT min(lease_expires_at) AS at FROM runs
+WHERE state = 'running' AND lease_expires_at > :now AND app = :app;
+
 -- name: renew
 UPDATE runs SET
     lease_expires_at = :now + CAST(round(:lease_ttl * 1000000) AS INTEGER),
