@@ -289,6 +289,7 @@ class Execution(
 
     def _guarded(self, fn: Callable[[], Any]) -> Any:
         """Call the store; a failure of the store (not a fence) releases the run."""
+        self._taken_up()
         try:
             return fn()
         except (errors.Interrupt, errors.CorruptState, errors.NonDeterminism):
@@ -455,6 +456,7 @@ class Execution(
                 # Parked by hold() and not taken up again here: nothing to write.
                 return cooled.wake_at
             except context.Parked as parked:
+                self._taken_up()
                 try:
                     self._enforce_deadline()
                 except BaseException as exc:
@@ -506,8 +508,10 @@ class Execution(
                 ctx.restart()
                 continue
             except BaseException as exc:  # every exit is settled below
+                self._taken_up()
                 self._settle(exc)
                 return None
+            self._taken_up()
             try:
                 text = self.payloads.seal(result, "the workflow's result")
             except errors.InvalidPayload as exc:

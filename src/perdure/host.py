@@ -59,7 +59,7 @@ class WarmHost(Host, Protocol):
         """The run is parked in the store: stop renewing it and free its place, keep the slot."""
         ...
 
-    def warm_cooled(self, slot: warm.WarmSlot) -> port.Claimed | None:
+    def warm_cooled(self, slot: warm.WarmSlot) -> warm.Handed:
         """Give the slot up; return a claim that was handed to it meanwhile, if any."""
         ...
 

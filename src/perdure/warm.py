@@ -17,6 +17,7 @@ any other, and its claim is an ordinary fenced claim.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from datetime import datetime
 
 from perdure import errors
@@ -31,6 +32,37 @@ class Cooled(errors.Suspend):
         super().__init__("parked, not resumed here")
 
 
+class PendingClaim:
+    """A claim of a warm run still being made, handed to the run's thread before it commits.
+
+    Handed over when the wake-up carried what the run waits for (an update),
+    so that the run's thread wakes while the claim is on its way: until its
+    first call to the store, it runs only workflow code, which writes nothing
+    and is replayed the same way if this claim fails. That call waits for
+    :meth:`result`: the claim, or None when it was not made or the run moved
+    on meanwhile, and then the thread stops without writing anything.
+    """
+
+    def __init__(self, updates: Mapping[tuple[str, int], port.UpdateRecord]) -> None:
+        self.updates = dict(updates)
+        self._done = threading.Event()
+        self._claimed: port.Claimed | None = None
+
+    def settle(self, claimed: port.Claimed | None) -> None:
+        """Give the claim as made (None: not made here)."""
+        self._claimed = claimed
+        self._done.set()
+
+    def result(self) -> port.Claimed | None:
+        """Wait for :meth:`settle` and return what it gave."""
+        self._done.wait()
+        return self._claimed
+
+
+Handed = port.Claimed | PendingClaim | None
+"""What a slot's thread is handed: a claim, one on its way, or None to unwind."""
+
+
 class WarmSlot:
     """Where a claim of a warm-parked run is handed to the thread that waits for it."""
 
@@ -43,10 +75,10 @@ class WarmSlot:
         # Set once the park is decided either way (parked, or the slot given up).
         self.settled = threading.Event()
         self._handed = threading.Event()
-        self._claimed: port.Claimed | None = None
+        self._claimed: Handed = None
 
-    def hand(self, claimed: port.Claimed | None) -> None:
-        """Give the waiting thread a claim to go on with, or None to unwind."""
+    def hand(self, claimed: Handed) -> None:
+        """Give the waiting thread a claim to go on with (made or on its way), or None to unwind."""
         self._claimed = claimed
         self._handed.set()
 
@@ -54,7 +86,7 @@ class WarmSlot:
         """Block until a hand-over or ``timeout``; return whether one came."""
         return self._handed.wait(timeout)
 
-    def taken(self) -> port.Claimed | None:
+    def taken(self) -> Handed:
         """The claim handed over (None: unwind). Call after a hand-over."""
         return self._claimed
 

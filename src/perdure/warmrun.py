@@ -58,8 +58,11 @@ class WarmExecution:
 
     # The update waits of the last warm park, as (name, after sequence).
     _parked_on: tuple[tuple[str, int], ...] = ()
+    # The claim this run was taken up under before it committed (see warm.PendingClaim).
+    _pending: warm.PendingClaim | None = None
 
     def hold(self, waits: list[journal.WaitSpec], wake_at: datetime | None) -> bool:
+        self._taken_up()
         # A run with a deadline parks the ordinary way: its deadline is enforced there.
         if self.run_.deadline is not None or self.lost is not None:
             return False
@@ -98,8 +101,31 @@ class WarmExecution:
         if claimed is None:
             self.ended = "parked"
             raise warm.Cooled(wake)
+        if isinstance(claimed, warm.PendingClaim):
+            # Goes on with what the wake-up carried; the claim is settled by
+            # the first call to the store (_taken_up), before anything is written.
+            self._pending = claimed
+            self._ahead = dict(claimed.updates)
+            return True
         self._resume(claimed)
         return True
+
+    def _taken_up(self) -> None:
+        """Wait for the claim this run went on under before it committed, and resume under it.
+
+        Raises:
+            errors.StaleClaim: it was not made here (nothing was written since the park).
+        """
+        pending = self._pending
+        if pending is None:
+            return
+        self._pending = None
+        claimed = pending.result()
+        if claimed is None:
+            raise errors.StaleClaim(self.run_.run_id, "taken up by another claim")
+        carried = self._ahead
+        self._resume(claimed)
+        self._ahead = {**carried, **self._ahead}
 
     def _all_outcomes(self) -> list[port.Outcome]:
         return self.store.outcomes(self.run_.run_id)

@@ -10,6 +10,7 @@ executed the ordinary way otherwise. The rules are :mod:`perdure.warm`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Mapping
@@ -90,7 +91,7 @@ class WarmSlots:
         self._slot_freed.set()
         self._note_wake(wake)
 
-    def warm_cooled(self, slot: warm_api.WarmSlot) -> port.Claimed | None:
+    def warm_cooled(self, slot: warm_api.WarmSlot) -> warm_api.Handed:
         with self._warm_lock:
             found = self._warm.get(slot.run_id)
             if found is not None and found[0] is slot:
@@ -144,6 +145,10 @@ class WarmSlots:
             return [], True
         claimed: list[port.Claimed] = []
         for run_id in sorted(woken.runs):
+            carried = warmport.carried_updates(known[run_id], woken.updates.get(run_id))
+            # With the update it waits for at hand, the run goes on while it is claimed.
+            early = self._hand_early(run_id, carried) if carried else None
+            found: port.Claimed | None = None
             try:
                 found = store.claim_warm(
                     self.registry.name,
@@ -157,31 +162,76 @@ class WarmSlots:
             except Exception as exc:
                 # The ordinary claim meets the same failure, and reports it.
                 log.debug("worker %s: warm claim of %s failed: %s", self.worker_id, run_id, exc)
-                return claimed, True
+            finally:
+                if early is not None and (found is None or not self._settle_early(early, found)):
+                    early[0].settle(None)
+                    early = None
             if found is None:
                 return claimed, True
-            claimed.append(found)
+            if early is None:
+                # The update its delivery carried: the run need not read it.
+                claimed.append(dataclasses.replace(found, updates={**carried, **found.updates}))
         return claimed, False
 
-    def _take_warm(self, claimed: port.Claimed) -> bool:
-        """Hand a claim to the run's warm execution, if it waits here and still fits."""
-        if not self._warm:
+    def _hand_early(
+        self, run_id: str, carried: Mapping[tuple[str, int], port.UpdateRecord]
+    ) -> tuple[warm_api.PendingClaim, execution_api.Execution] | None:
+        """Wake the run's warm thread with ``carried`` while its claim is being made."""
+        found = self._unpark(run_id)
+        if found is None:
+            return None
+        slot, execution = found
+        pending = warm_api.PendingClaim(carried)
+        self._activate(execution)
+        slot.hand(pending)
+        return pending, execution
+
+    def _settle_early(
+        self,
+        early: tuple[warm_api.PendingClaim, execution_api.Execution],
+        claimed: port.Claimed,
+    ) -> bool:
+        """Give the claim to the run's thread woken before it; False: it must replay instead."""
+        pending, execution = early
+        if claimed.recovered or not execution.matches(claimed):
+            log.debug("worker %s: run %s moved on; replaying", self.worker_id, claimed.run.run_id)
             return False
-        run_id = claimed.claim.run_id
+        pending.settle(claimed)
+        # After the run's thread has its claim: the keeper renews it within
+        # the lease, and the run's first write no longer waits for that.
+        if self._keeper is not None:
+            self._keeper.hold(claimed.claim)
+        return True
+
+    def _unpark(self, run_id: str) -> tuple[warm_api.WarmSlot, execution_api.Execution] | None:
+        """Take the run's slot from the warm ones, if it waits here parked."""
+        if not self._warm:
+            return None
         with self._warm_lock:
             found = self._warm.get(run_id)
         if found is None:
-            return False
+            return None
         # A claim can follow the park's commit before its thread says it parked.
         found[0].settled.wait(1.0)
         with self._warm_lock:
             if self._warm.get(run_id) is not found or not found[0].parked:
-                return False
+                return None
             del self._warm[run_id]
+        return found
+
+    def _take_warm(self, claimed: port.Claimed) -> bool:
+        """Hand a claim to the run's warm execution, if it waits here and still fits."""
+        found = self._unpark(claimed.claim.run_id)
+        if found is None:
+            return False
         slot, execution = found
         if claimed.recovered or not execution.matches(claimed):
             # Another pass ran it meanwhile: the claim replays the journal instead.
-            log.debug("worker %s: run %s moved on elsewhere; replaying", self.worker_id, run_id)
+            log.debug(
+                "worker %s: run %s moved on elsewhere; replaying",
+                self.worker_id,
+                claimed.claim.run_id,
+            )
             slot.hand(None)
             return False
         self._activate(execution)

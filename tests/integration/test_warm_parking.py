@@ -8,8 +8,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 import perdure
-from perdure import warm
+from perdure import warm, warmrun
 from perdure.store import port, warmport
 
 WAIT = 30
@@ -252,8 +254,9 @@ def test_updates_and_messages_and_children_are_taken_up_warm(
     assert len(entered) == 1
 
 
+@pytest.mark.parametrize("size", [0, 9_000])
 def test_an_update_that_wakes_a_warm_run_comes_with_its_claim(
-    make_app: Callable[..., perdure.App],
+    make_app: Callable[..., perdure.App], size: int
 ) -> None:
     app = make_app()
 
@@ -280,16 +283,62 @@ def test_an_update_that_wakes_a_warm_run_comes_with_its_claim(
     with worker:
         for i in range(3):
             _until(lambda n=i + 1: _held_warm(worker, handle.run_id, n))
-            assert app.update(handle.run_id, "ask", i, update_id=f"u{i}", timeout=WAIT) == i * 2
-        assert handle.result(timeout=WAIT) == [0, 1, 2]
+            payload = i if not size else str(i) * size
+            answer = app.update(handle.run_id, "ask", payload, update_id=f"u{i}", timeout=WAIT)
+            assert answer == payload * 2
+        assert handle.result(timeout=WAIT) == [i if not size else str(i) * size for i in range(3)]
     got = [None if found is None else found.update_id for found in reads]  # type: ignore[attr-defined]
-    if app.store.url.startswith("postgresql"):
-        # Taken up by key (claim_warm), which reads nothing ahead: the run reads each.
+    if app.store.url.startswith("postgresql") and size:
+        # Too big to come with the wake-up, and the claim by key (claim_warm)
+        # reads none ahead: the run reads each.
         assert got == [None, "u0", None, "u1", None, "u2"]
     else:
         # The run read the store only to find nothing and park; each update it
-        # got came read ahead by the claim that took it up again.
+        # got came with what took it up again: read ahead by the ordinary claim
+        # on SQLite, carried by the delivery's wake-up on PostgreSQL.
         assert got == [None, None, None]
+
+
+def test_a_carried_update_is_used_only_where_it_is_the_next(
+    make_app: Callable[..., perdure.App],
+) -> None:
+    app = make_app()
+
+    @app.workflow()
+    def two_names(ctx: perdure.Context) -> list[object]:
+        got = []
+        for name in ("a", "b", "b", "a"):
+            update = ctx.next_update(name)
+            ctx.respond(update, update.payload)
+            got.append(update.payload)
+        return got
+
+    handle = app.start(two_names)
+    reads: list[object] = []
+    next_update = app.store.next_update  # type: ignore[attr-defined]
+
+    def recorded(*args: Any, **kwargs: Any) -> object:
+        found = next_update(*args, **kwargs)
+        reads.append(found)
+        return found
+
+    app.store.next_update = recorded  # type: ignore[attr-defined]
+    worker = app.worker(warm_for=10)
+    with worker:
+        sent = [("a", "a1"), ("b", "b1"), ("b", "b2"), ("a", "a2")]
+        for n, (name, payload) in enumerate(sent):
+            _until(lambda n=n + 1: _held_warm(worker, handle.run_id, n))
+            assert app.update(handle.run_id, name, payload, update_id=payload, timeout=WAIT) == (
+                payload
+            )
+        assert handle.result(timeout=WAIT) == ["a1", "b1", "b2", "a2"]
+    got = [None if found is None else found.update_id for found in reads]  # type: ignore[attr-defined]
+    if app.store.url.startswith("postgresql"):
+        # b1 (numbered 2) and a2 (4) follow another name's update: each may not
+        # be the first after the wait, so the run reads it; a1 and b2 it need not.
+        assert got == [None, None, "b1", None, None, "a2"]
+    else:
+        assert got == [None, None, None, None]
 
 
 def test_a_run_another_worker_moved_on_is_replayed_not_resumed(
@@ -369,3 +418,68 @@ def test_only_the_same_journal_lets_a_warm_run_go_on() -> None:
     assert not warm.same_journal(mine, claimed(mine[:1]))
     assert not warm.same_journal(mine, claimed([*mine, _entry(3, '"c"')]))
     assert not warm.same_journal(mine, claimed([mine[0], _entry(2, '"other"')]))
+
+
+@pytest.mark.parametrize("refusal", ["not claimed", "moved on"])
+def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_once(
+    make_app: Callable[..., perdure.App], refusal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+    if not app.store.url.startswith("postgresql"):
+        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
+    entered: list[object] = []
+
+    @app.workflow()
+    def answerer(ctx: perdure.Context) -> list[object]:
+        entered.append(None)
+        asked = []
+        for _ in range(2):
+            update = ctx.next_update("ask")
+            asked.append(update.payload)
+            ctx.respond(update, update.payload * 2)
+        return asked
+
+    handle = app.start(answerer)
+    worker = app.worker(warm_for=10)
+    early: list[str] = []
+    hand_early = worker._hand_early
+
+    def recorded(run_id: str, carried: Any) -> Any:
+        found = hand_early(run_id, carried)
+        early.append("woken" if found is not None else "not woken")
+        return found
+
+    monkeypatch.setattr(worker, "_hand_early", recorded)
+    if refusal == "not claimed":
+        claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
+        refused: list[object] = []
+
+        def once_refused(*args: Any, **kwargs: Any) -> object:
+            if not refused:
+                refused.append(None)
+                return None  # as if another claim had taken the run first
+            return claim_warm(*args, **kwargs)
+
+        monkeypatch.setattr(app.store, "claim_warm", once_refused)
+    else:
+        original = warmrun.WarmExecution.matches
+        moved: list[object] = []
+
+        def once_moved(self: Any, claimed: port.Claimed) -> bool:
+            if not moved:
+                moved.append(None)
+                return False  # as if the journal had changed since the park
+            return bool(original(self, claimed))
+
+        monkeypatch.setattr(warmrun.WarmExecution, "matches", once_moved)
+    with worker:
+        _until(lambda: _held_warm(worker, handle.run_id, 1))
+        assert app.update(handle.run_id, "ask", 1, update_id="u1", timeout=WAIT) == 2
+        # Replayed from the journal by the ordinary claim, then parked warm again.
+        _until(lambda: _held_warm(worker, handle.run_id, 2))
+        assert app.update(handle.run_id, "ask", 2, update_id="u2", timeout=WAIT) == 4
+        assert handle.result(timeout=WAIT) == [1, 2]
+    assert early == ["woken", "woken"]
+    assert len(entered) == 2  # the first pass, and the replay after the refusal
+    journal = app.store.journal(handle.run_id)  # type: ignore[attr-defined]
+    assert [e.kind for e in journal].count("respond") == 2

@@ -245,20 +245,58 @@ def test_wake_ups_name_the_runs_one_transaction_woke(
         other.close()
 
 
-def test_a_delivery_names_the_run_it_wakes(
-    postgres_url: str, store: postgres.PostgresStore
+def _heard_all(
+    store: postgres.PostgresStore,
+) -> tuple[set[str], bool, dict[str, liveport.UpdateRecord]]:
+    """What the wake-ups named and the updates they carried, until they stop coming."""
+    runs: set[str] = set()
+    others = False
+    carried: dict[str, liveport.UpdateRecord] = {}
+    while store.wait_ready(0.5):
+        woken = store.woken()
+        runs |= woken.runs
+        others = others or woken.others
+        carried.update(woken.updates)
+    return runs, others, carried
+
+
+@pytest.mark.parametrize("size", [1, 8_000])
+def test_a_delivery_names_the_run_it_wakes_and_carries_an_update_that_fits(
+    postgres_url: str, store: postgres.PostgresStore, size: int
 ) -> None:
     claim = started("r1", store)
     assert store.park(claim, [], [port.WaitSpec("ask", "update")], wake_at=None)
     store.wait_ready(0)
     store.woken()
-    update = liveport.NewUpdate("r1", "u1", "ask", "1")
+    update = liveport.NewUpdate("r1", "u1", "ask", json.dumps("x" * size))
     other = postgres.PostgresStore(postgres_url)
     try:
+        delivered, created = other.deliver_update(update)
+        runs, others, carried = _heard_all(store)
+        # Delivered again (the same id): stored before, it wakes nothing.
         other.deliver_update(update)
+        assert _heard_all(store) == (set(), False, {})
     finally:
         other.close()
-    assert _heard(store) == ({"r1"}, False)
+    assert created and (runs, others) == ({"r1"}, False)
+    if size == 1:
+        # The stored record, as next_update reads it.
+        assert carried == {"r1": delivered}
+        assert store.next_update("r1", "ask", 0) == delivered
+    else:
+        # Past the notification's room (8,000 bytes): the worker reads it.
+        assert carried == {}
+
+
+def test_a_wake_up_that_carries_no_readable_update_carries_none(
+    store: postgres.PostgresStore,
+) -> None:
+    store._named("app\x1fr1\x1f{not json")
+    store._named("app\x1fr2\x1f" + json.dumps({"update_id": "u", "name": "ask"}))
+    store._named("app\x1fr3")
+    woken = store.woken()
+    assert woken.runs == {"r1", "r2", "r3"} and not woken.others
+    assert woken.updates == {}
 
 
 def test_a_warm_claim_that_waited_for_a_changed_row_claims_nothing(

@@ -12,8 +12,8 @@ or belongs to another app, and the worker claims the ordinary way then.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from perdure.store import port
@@ -27,6 +27,27 @@ class Woken:
     """Runs each woken by name (a delivery, a signal, a message, a timer's settlement)."""
     others: bool
     """A wake-up named no run (a run created, a local wake-up, a lost listener)."""
+    updates: Mapping[str, port.UpdateRecord] = field(default_factory=dict)
+    """The update whose delivery woke a named run, by run id, where the wake-up carried it."""
+
+
+def carried_updates(
+    known: port.KnownJournal, carried: port.UpdateRecord | None
+) -> dict[tuple[str, int], port.UpdateRecord]:
+    """The update waits of ``known`` that ``carried`` answers exactly, as ``Claimed.updates``.
+
+    A run's updates are numbered one by one in delivery order and kept until
+    the run ends, so an update of the waited name numbered right after the
+    wait's sequence is the first one after it, now and at any later time.
+    Any other (a later number, another name) might not be: the run reads.
+    """
+    if carried is None:
+        return {}
+    return {
+        (name, after): carried
+        for name, after in known.updates
+        if carried.name == name and carried.sequence == after + 1
+    }
 
 
 ANY = Woken(frozenset(), True)

@@ -33,7 +33,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from perdure import errors
-from perdure.store import sqlfiles, warmport
+from perdure.store import records, sqlfiles, warmport
 from perdure.store.postgres import bridge
 
 # The adapter logs under one name, whichever of its modules speaks.
@@ -219,6 +219,8 @@ class Connections:
         # What the wake-ups named since the last woken() (see warmport.Woken).
         self._woken_runs: set[str] = set()
         self._woken_other = False
+        # The updates that wake-ups carried (as JSON), by the run they named.
+        self._woken_updates: dict[str, str] = {}
         try:
             # One plain connection first: the pool would only time out, without the reason.
             psycopg.connect(url, **self._kwargs).close()
@@ -492,18 +494,35 @@ class Connections:
         return False
 
     def _named(self, payload: str) -> None:
-        """Note what a wake-up named: a run (``app``, U+001F, ``run_id``) or nothing."""
-        _, sep, run_id = payload.partition("\x1f")
+        """Note what a wake-up named: a run (``app``, U+001F, ``run_id``) or nothing.
+
+        An update's delivery may add U+001F and the update, as JSON.
+        """
+        _, sep, named = payload.partition("\x1f")
+        run_id, _, carried = named.partition("\x1f")
         with self._wake_cond:
             if sep and run_id and len(self._woken_runs) < _WOKEN_HELD:
                 self._woken_runs.add(run_id)
+                if carried:
+                    self._woken_updates[run_id] = carried
             else:
                 self._woken_other = True
 
     def woken(self) -> warmport.Woken:
         """Return and forget what the wake-ups since the last call named."""
         with self._wake_cond:
-            found = warmport.Woken(frozenset(self._woken_runs), self._woken_other)
+            runs, other = frozenset(self._woken_runs), self._woken_other
+            carried = self._woken_updates
             self._woken_runs.clear()
             self._woken_other = False
-        return found
+            self._woken_updates = {}
+        updates = {}
+        for run_id, text in carried.items():
+            update = self._carried_update(run_id, text)
+            if update is not None:
+                updates[run_id] = update
+        return warmport.Woken(runs, other, updates)
+
+    def _carried_update(self, run_id: str, text: str) -> records.UpdateRecord | None:
+        """The update a wake-up of ``run_id`` carried as ``text``; None: none readable."""
+        return None

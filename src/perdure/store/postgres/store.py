@@ -26,6 +26,7 @@ helpers and the same named queries (``postgres/sql/queries.sql``, listed in
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -128,6 +129,26 @@ class PostgresStore(
         )
 
     # -- plumbing -------------------------------------------------------------
+
+    def _carried_update(self, run_id: str, text: str) -> liveport.UpdateRecord | None:
+        """Read the update a delivery's wake-up carried (``perdure.deliver_update``)."""
+        try:
+            fields = json.loads(text)
+            row = {
+                "run_id": run_id,
+                "update_id": fields["update_id"],
+                "name": fields["name"],
+                "sequence": fields["sequence"],
+                "payload": fields["payload"],
+                "state": "pending",
+                "response": None,
+                "at": datetime.fromisoformat(fields["at"]),
+                "settled_at": None,
+            }
+            return self.read.update(row)
+        except (ValueError, TypeError, KeyError, errors.CorruptState):
+            # Not what a delivery sends: the run reads its update as usual.
+            return None
 
     def _now(self) -> datetime | None:
         """Return the injected clock's instant, or None to let the server's clock decide."""

@@ -274,9 +274,19 @@ BEGIN
         WHERE l.run_id = w.run_id AND l.sequence <= w.ledger_sequence - w.ledger_limit
     ), announced AS (
         -- The worker is told; watchers are not (no answer, event or end came).
-        SELECT (SELECT pg_notify('perdure_ready', w.app || chr(31) || w.run_id)::text
+        -- The update comes along when it fits in the notification (8,000
+        -- bytes): the worker keeping the run warm then need not read it.
+        SELECT (SELECT pg_notify('perdure_ready', w.app || chr(31) || w.run_id || CASE
+                    WHEN octet_length(w.app) + octet_length(w.run_id)
+                         + octet_length(j.carried) <= 7900
+                    THEN chr(31) || j.carried ELSE '' END)::text
                 FROM woken AS w) AS ready
-        FROM created
+        FROM created AS c
+        CROSS JOIN LATERAL (
+            SELECT json_build_object('update_id', c.update_id, 'name', c.name,
+                                     'sequence', c.sequence, 'payload', c.payload,
+                                     'at', c.at)::text AS carried
+        ) AS j
     )
     SELECT c.run_id, c.update_id, c.name, c.sequence, c.payload, c.state, c.response, c.at,
            c.settled_at, true, NULL::text
