@@ -193,7 +193,13 @@ class WarmSlots:
     ) -> bool:
         """Give the claim to the run's thread woken before it; False: it must replay instead."""
         pending, execution = early
-        if claimed.recovered or not execution.matches(claimed):
+        try:
+            taken = not claimed.recovered and execution.matches(claimed)
+        except Exception as exc:
+            # The ordinary execution of the claim checks it again, and reports it.
+            log.debug("worker %s: run %s not taken up: %s", self.worker_id, claimed.run.run_id, exc)
+            taken = False
+        if not taken:
             log.debug("worker %s: run %s moved on; replaying", self.worker_id, claimed.run.run_id)
             return False
         pending.settle(claimed)
