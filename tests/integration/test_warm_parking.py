@@ -483,3 +483,48 @@ def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_o
     assert len(entered) == 2  # the first pass, and the replay after the refusal
     journal = app.store.journal(handle.run_id)  # type: ignore[attr-defined]
     assert [e.kind for e in journal].count("respond") == 2
+
+
+def test_a_run_woken_before_its_claim_writes_nothing_until_the_claim_is_made(
+    make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+    if not app.store.url.startswith("postgresql"):
+        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
+    reached = threading.Event()
+
+    @app.workflow()
+    def answerer(ctx: perdure.Context) -> object:
+        update = ctx.next_update("ask")
+        reached.set()  # workflow code, run before the claim is made
+        ctx.respond(update, update.payload * 2)
+        return update.payload
+
+    handle = app.start(answerer)
+    worker = app.worker(warm_for=10)
+    claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
+    release = threading.Event()
+    seen_while_held: list[object] = []
+
+    def held(*args: Any, **kwargs: Any) -> object:
+        # The run's thread goes on meanwhile, up to its first call to the store.
+        assert reached.wait(WAIT)
+        time.sleep(0.2)  # time for a write that should not happen
+        run = app.get(handle.run_id)
+        journal = app.store.journal(handle.run_id)  # type: ignore[attr-defined]
+        seen_while_held.append((run.state, [(e.kind, e.status) for e in journal]))
+        release.set()
+        return claim_warm(*args, **kwargs)
+
+    monkeypatch.setattr(app.store, "claim_warm", held)
+    with worker:
+        _until(lambda: _held_warm(worker, handle.run_id, 1))
+        assert app.update(handle.run_id, "ask", 21, update_id="u1", timeout=WAIT) == 42
+        assert handle.result(timeout=WAIT) == 21
+    assert release.is_set()
+    # Woken (queued), not yet claimed; the wait still open in its journal, unanswered.
+    [(state, entries)] = seen_while_held
+    assert state == "queued"
+    assert entries == [("update", "started")]
+    entries = [(e.kind, e.status) for e in app.store.journal(handle.run_id)]  # type: ignore[attr-defined]
+    assert entries == [("update", "ok"), ("respond", "ok")]
