@@ -24,6 +24,20 @@ def _until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
         time.sleep(0.005)
 
 
+def _update_reads(app: perdure.App) -> list[str | None]:
+    """Record what the store's next_update returns from now on: the update's id, or None."""
+    reads: list[str | None] = []
+    next_update = app.store.next_update  # type: ignore[attr-defined]
+
+    def recorded(*args: Any, **kwargs: Any) -> object:
+        found = next_update(*args, **kwargs)
+        reads.append(None if found is None else found.update_id)
+        return found
+
+    app.store.next_update = recorded  # type: ignore[attr-defined]
+    return reads
+
+
 def _held_warm(worker: perdure.Worker, run_id: str, generation: int) -> bool:
     """Whether the run waits warm in ``worker`` with the journal its claim ``generation`` parked.
 
@@ -270,15 +284,7 @@ def test_an_update_that_wakes_a_warm_run_comes_with_its_claim(
         return asked
 
     handle = app.start(answerer, 3)
-    reads: list[object] = []
-    next_update = app.store.next_update  # type: ignore[attr-defined]
-
-    def recorded(*args: Any, **kwargs: Any) -> object:
-        found = next_update(*args, **kwargs)
-        reads.append(found)
-        return found
-
-    app.store.next_update = recorded  # type: ignore[attr-defined]
+    got = _update_reads(app)
     worker = app.worker(warm_for=10)
     with worker:
         for i in range(3):
@@ -287,7 +293,6 @@ def test_an_update_that_wakes_a_warm_run_comes_with_its_claim(
             answer = app.update(handle.run_id, "ask", payload, update_id=f"u{i}", timeout=WAIT)
             assert answer == payload * 2
         assert handle.result(timeout=WAIT) == [i if not size else str(i) * size for i in range(3)]
-    got = [None if found is None else found.update_id for found in reads]  # type: ignore[attr-defined]
     if app.store.url.startswith("postgresql") and size:
         # Too big to come with the wake-up, and the claim by key (claim_warm)
         # reads none ahead: the run reads each.
@@ -314,15 +319,7 @@ def test_a_carried_update_is_used_only_where_it_is_the_next(
         return got
 
     handle = app.start(two_names)
-    reads: list[object] = []
-    next_update = app.store.next_update  # type: ignore[attr-defined]
-
-    def recorded(*args: Any, **kwargs: Any) -> object:
-        found = next_update(*args, **kwargs)
-        reads.append(found)
-        return found
-
-    app.store.next_update = recorded  # type: ignore[attr-defined]
+    got = _update_reads(app)
     worker = app.worker(warm_for=10)
     with worker:
         sent = [("a", "a1"), ("b", "b1"), ("b", "b2"), ("a", "a2")]
@@ -332,7 +329,6 @@ def test_a_carried_update_is_used_only_where_it_is_the_next(
                 payload
             )
         assert handle.result(timeout=WAIT) == ["a1", "b1", "b2", "a2"]
-    got = [None if found is None else found.update_id for found in reads]  # type: ignore[attr-defined]
     if app.store.url.startswith("postgresql"):
         # b1 (numbered 2) and a2 (4) follow another name's update: each may not
         # be the first after the wait, so the run reads it; a1 and b2 it need not.
@@ -505,11 +501,19 @@ def test_a_run_woken_before_its_claim_writes_nothing_until_the_claim_is_made(
     claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
     release = threading.Event()
     seen_while_held: list[object] = []
+    waiting = threading.Event()
+    result = warm.PendingClaim.result
+
+    def waited(self: warm.PendingClaim) -> port.Claimed | None:
+        waiting.set()  # the run's thread, at its first call to the store
+        return result(self)
+
+    monkeypatch.setattr(warm.PendingClaim, "result", waited)
 
     def held(*args: Any, **kwargs: Any) -> object:
-        # The run's thread goes on meanwhile, up to its first call to the store.
-        assert reached.wait(WAIT)
-        time.sleep(0.2)  # time for a write that should not happen
+        # The run's thread goes on meanwhile, past the wait, and waits for the
+        # claim at its first call to the store (the answer's write).
+        assert reached.wait(WAIT) and waiting.wait(WAIT)
         run = app.get(handle.run_id)
         journal = app.store.journal(handle.run_id)  # type: ignore[attr-defined]
         seen_while_held.append((run.state, [(e.kind, e.status) for e in journal]))
