@@ -157,6 +157,36 @@ def test_a_delivery_blocked_behind_park_wakes_the_parked_run(
     assert kinds(store, "r1")[-2:] == ["parked", "woken"]
 
 
+def test_an_end_racing_an_update_delivery_abandons_the_update(
+    postgres_url: str, store: postgres.PostgresStore
+) -> None:
+    claim = started("r1", store)
+    with psycopg.connect(postgres_url) as holder:
+        # The delivery will stop at its insert, holding the run's row lock.
+        holder.execute(
+            "INSERT INTO perdure.updates (run_id, update_id, name, sequence, payload, state, at)"
+            " VALUES ('r1', 'u1', 'ping', 1, '1', 'pending', now())"
+        )
+        update = liveport.NewUpdate("r1", "u1", "ping", "1")
+        delivering, delivered = in_thread(lambda: store.deliver_update(update))
+        wait_for_blocked(postgres_url, 1)
+        # The end's one statement takes its snapshot now, then waits for that lock.
+        ending, ended = in_thread(
+            lambda: store.finish(claim, [], state="succeeded", result='"done"')
+        )
+        wait_for_blocked(postgres_url, 2)
+        holder.rollback()
+    delivering.join(timeout=10)
+    ending.join(timeout=10)
+    assert ended == [None]
+    [(record, created)] = delivered
+    assert created and record.state == "pending"
+    assert state(store, "r1") == "succeeded"
+    # Stored before the end, so settled by it: its sender is not left waiting.
+    found = store.get_update("r1", "u1")
+    assert found is not None and found.state == "abandoned"
+
+
 def test_park_blocked_behind_a_delivery_sees_its_outcome(
     postgres_url: str, store: postgres.PostgresStore, clock: FakeClock
 ) -> None:

@@ -519,8 +519,13 @@ RETURNING run_id, app, parent_id, state, result, error, generation, ledger_seque
 -- with a parent or with such a child matches nothing here, as does a stale
 -- claim: the caller then ends it through the transaction path, which also
 -- says why a fence refused. The CTEs read the tables as they were before
--- the statement, so the entries written here are checked from the batch.
-WITH fence AS (
+-- the statement, so the entries written here are checked from the batch,
+-- and the run's row must be the version this snapshot saw (its xmin): a
+-- write that changed it meanwhile (an update's delivery, whose update the
+-- snapshot cannot see to abandon it) sends the end the transaction path too.
+WITH seen AS (
+    SELECT r.xmin AS version FROM perdure.runs AS r WHERE r.run_id = %(run_id)s
+), fence AS (
     UPDATE perdure.runs AS r SET
         state = %(state)s,
         result = %(result)s,
@@ -531,6 +536,7 @@ WITH fence AS (
         ledger_sequence = r.ledger_sequence + %(receipts)s,
         updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
     WHERE r.run_id = %(run_id)s AND r.generation = %(generation)s AND r.state = 'running'
+      AND r.xmin = (SELECT s.version FROM seen AS s)
       AND (NOT r.cancel_requested OR %(canceling)s)
       AND r.parent_id IS NULL
       AND NOT EXISTS (

@@ -222,8 +222,12 @@ DECLARE
     target perdure.runs%ROWTYPE;
     refusal text;
 BEGIN
-    -- Orders this delivery with a park of the run.
-    SELECT * INTO target FROM perdure.runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE;
+    -- Orders this delivery with a park of the run. The row gets a new version
+    -- (nothing in it changes): a one-statement end of the run whose snapshot
+    -- predates this delivery sees it changed, and ends the run the way that
+    -- reads what the delivery stored (finish_alone).
+    UPDATE perdure.runs AS r SET updated_at = r.updated_at WHERE r.run_id = p_run_id
+    RETURNING r.* INTO target;
     -- With the sender's app (p_app), a run of another app is not found, and one
     -- past its deadline is refused: the sender settles it first.
     IF NOT FOUND OR target.app <> coalesce(p_app, target.app) THEN
