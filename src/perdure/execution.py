@@ -46,7 +46,7 @@ from perdure import (
 )
 from perdure import host as host_api
 from perdure import registry as registry_api
-from perdure.store import chainport, liveport, port
+from perdure.store import chainport, liveport, port, warmport
 
 log = logging.getLogger("perdure.worker")
 
@@ -88,7 +88,9 @@ class Execution(
 
     def renewed(self, claim: port.Claim) -> None:
         with self._lock:
-            self._claim = replace(claim, canceling=self._claim.canceling)
+            # A warm run may have gone on under a newer claim meanwhile.
+            if claim.generation == self._claim.generation:
+                self._claim = replace(claim, canceling=self._claim.canceling)
 
     def acknowledge_cancel(self) -> None:
         with self._lock:
@@ -206,6 +208,18 @@ class Execution(
         ) -> None:
             store.answer_update(claim, entries, update_id, response, marks)
 
+        # Taken up before its claim is back: the answer may go ahead of it.
+        if (
+            self._pending is not None
+            and isinstance(store, warmport.AnswersAhead)
+            and self._answered_ahead(
+                lambda claim, entries, marks: store.answer_ahead(
+                    claim, entries, update_id, response, marks
+                ),
+                entry,
+            )
+        ):
+            return
         self._write(answer, entry, [])
 
     def record_live(self, entry: journal.Entry) -> None:

@@ -103,9 +103,8 @@ class Renewal:
         """Take the keeper's word that a renewal was refused."""
         with self._active_lock:
             execution = self._active.get(run_id)
-        if execution is not None and execution.claim.generation == generation:
+        if execution is not None and _lose(execution, lost, generation):
             execution.log.info("lease renewal refused (%s)", lost.code)
-            execution.lost = lost
 
     def _heartbeat_loop(self) -> None:
         warned = False
@@ -137,15 +136,33 @@ class Renewal:
         for execution in list(self._active.values()):
             if execution.lost is not None:
                 continue
+            # The claim as read here: a warm run may go on under a newer one meanwhile.
+            generation = execution.claim.generation
             try:
                 if isinstance(execution, tasks_api.TaskExecution):
                     assert isinstance(self.store, planport.PlanStore)
                     claim = execution.claim
                     execution.renewed(self.store.renew_task(claim, lease_ttl=self.lease_ttl))
                     continue
-                execution.renewed(self.store.renew(execution.claim, lease_ttl=self.lease_ttl))
+                held = execution.claim
+                generation = held.generation
+                execution.renewed(self.store.renew(held, lease_ttl=self.lease_ttl))
             except errors.LeaseLost as lost:
-                execution.log.info("lease renewal refused (%s)", lost.code)
-                execution.lost = lost
+                if _lose(execution, lost, generation):
+                    execution.log.info("lease renewal refused (%s)", lost.code)
             except Exception as exc:
                 execution.log.warning("lease renewal failed: %s", exc)
+
+
+def _lose(
+    execution: execution_api.Execution | tasks_api.TaskExecution,
+    lost: errors.LeaseLost,
+    generation: int,
+) -> bool:
+    """Tell ``execution`` its claim of ``generation`` was refused; False: no longer its claim."""
+    if isinstance(execution, execution_api.Execution):
+        return execution.lose(lost, generation)
+    if execution.claim.generation != generation:
+        return False
+    execution.lost = lost
+    return True

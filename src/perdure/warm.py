@@ -17,7 +17,7 @@ any other, and its claim is an ordinary fenced claim.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from perdure import errors
@@ -41,17 +41,60 @@ class PendingClaim:
     and is replayed the same way if this claim fails. That call waits for
     :meth:`result`: the claim, or None when it was not made or the run moved
     on meanwhile, and then the thread stops without writing anything.
+
+    One call may go ahead instead (:meth:`ahead`): an update's answer, sent
+    under the claim as it will be made (``expected``: the next generation, to
+    this worker), whose fence lets it write only once that claim has
+    committed. A claimer that did not make the claim claims nothing more
+    before that call has come back (``settle(None)`` waits for it), so the
+    only claim it can write under is this one.
     """
 
-    def __init__(self, updates: Mapping[tuple[str, int], port.UpdateRecord]) -> None:
+    def __init__(
+        self,
+        updates: Mapping[tuple[str, int], port.UpdateRecord],
+        expected: port.Claim | None = None,
+    ) -> None:
         self.updates = dict(updates)
+        self.expected = expected
         self._done = threading.Event()
         self._claimed: port.Claimed | None = None
+        # Held while a call goes ahead; settle waits for it to come back.
+        self._ahead = threading.Lock()
+        self._went_ahead = False
 
-    def settle(self, claimed: port.Claimed | None) -> None:
-        """Give the claim as made (None: not made here)."""
-        self._claimed = claimed
-        self._done.set()
+    def settle(self, claimed: port.Claimed | None) -> bool:
+        """Give the claim as made (None: not made here); return whether a call went ahead.
+
+        A claim made here is given at once (a call going ahead writes under
+        it). None waits for a call going ahead to come back first, so that
+        nothing is left in flight once the claimer may claim the run again.
+        """
+        if claimed is not None:
+            self._claimed = claimed
+            self._done.set()
+            return self._went_ahead
+        with self._ahead:
+            self._done.set()
+            return self._went_ahead
+
+    def ahead(self, call: Callable[[port.Claim], bool]) -> bool:
+        """Make ``call`` under the expected claim before :meth:`settle`; return whether it wrote.
+
+        ``call`` returns False when its fence matched nothing (it wrote
+        nothing). Not made once the claim is settled, nor without an expected
+        claim: False, and the caller writes the ordinary way after
+        :meth:`result`.
+        """
+        expected = self.expected
+        if expected is None:
+            return False
+        with self._ahead:
+            if self._done.is_set():
+                return False
+            wrote = call(expected)
+            self._went_ahead = self._went_ahead or wrote
+            return wrote
 
     def result(self) -> port.Claimed | None:
         """Wait for :meth:`settle` and return what it gave."""

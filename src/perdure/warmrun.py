@@ -104,7 +104,11 @@ class WarmExecution:
         if isinstance(claimed, warm.PendingClaim):
             # Goes on with what the wake-up carried; the claim is settled by
             # the first call to the store (_taken_up), before anything is written.
-            self._pending = claimed
+            with self._lock:
+                self._pending = claimed
+                # Parked with none, so any loss since is the parked claim's (a
+                # renewal refused before the keeper heard of the park): no news.
+                self.lost = None
             self._ahead = dict(claimed.updates)
             return True
         self._resume(claimed)
@@ -119,13 +123,66 @@ class WarmExecution:
         pending = self._pending
         if pending is None:
             return
-        self._pending = None
-        claimed = pending.result()
-        if claimed is None:
-            raise errors.StaleClaim(self.run_.run_id, "taken up by another claim")
-        carried = self._ahead
-        self._resume(claimed)
-        self._ahead = {**carried, **self._ahead}
+        try:
+            claimed = pending.result()
+            if claimed is None:
+                raise errors.StaleClaim(self.run_.run_id, "taken up by another claim")
+            carried = self._ahead
+            self._resume(claimed)
+            self._ahead = {**carried, **self._ahead}
+        finally:
+            # Only now: until it holds the new claim, the run is taking it up.
+            self._pending = None
+
+    def lose(self, lost: errors.LeaseLost, generation: int) -> bool:
+        """Take a refusal of this run's claim of ``generation``; False: not the claim it holds.
+
+        A refusal of an earlier claim is no news, and neither is one of the
+        claim the run parked with while it goes on under a claim still being
+        made (:class:`warm.PendingClaim`): that claim, once made, says what
+        became of the run (a cancel, a suspend), and the run stops by itself
+        if it was not made.
+        """
+        with self._lock:
+            if self._claim.generation != generation or self._pending is not None:
+                return False
+            self.lost = lost
+            return True
+
+    def _answered_ahead(
+        self,
+        write: Callable[[port.Claim, list[journal.Entry], list[journal.Mark]], bool],
+        entry: journal.Entry,
+    ) -> bool:
+        """Write an update's answer while the claim this run went on under commits.
+
+        Only while that claim is pending (:class:`warm.PendingClaim`), and
+        only when the run's bound on receipts keeps the claim's own. The store
+        writes only once the expected claim has committed; the run then
+        resumes under it. False: nothing was written, and the caller writes
+        the ordinary way.
+        """
+        pending = self._pending
+        if pending is None or pending.expected is None:
+            return False
+        self._buffer.add(entry)
+        entries, marks = self._buffer.take()
+        try:
+            # The claim's receipt is written by another statement: this one
+            # cannot trim it, so the bound must keep it anyway.
+            wrote = len(marks) + 2 <= self.run_.ledger_limit and pending.ahead(
+                lambda claim: write(claim, entries, marks)
+            )
+        except BaseException:
+            self._buffer.restore(entries, marks)
+            raise
+        if not wrote:
+            self._buffer.restore(entries, marks)
+            return False
+        # Written under the expected claim, which therefore committed: resume under it.
+        self._taken_up()
+        self._written(entries)
+        return True
 
     def _all_outcomes(self) -> list[port.Outcome]:
         return self.store.outcomes(self.run_.run_id)
@@ -158,19 +215,21 @@ class WarmExecution:
         """Go on under a new claim of the run, from where its code waits."""
         self.claimed = claimed
         self.run_ = claimed.run
+        run = claimed.run
         with self._lock:
+            # With the claim, under the same lock as lose(): a refusal of the
+            # claim before this one cannot land past this point.
             self._claim = claimed.claim
+            self.lost = (
+                errors.Canceled(run.run_id)
+                if run.cancel_requested
+                else errors.Suspended(run.run_id)
+                if run.suspend_requested
+                else None
+            )
         # A claim by key may leave out the outcomes this execution holds (they
         # never change): what it returns is added to them.
         self._outcomes = {**self._outcomes, **{o.name: o for o in claimed.outcomes}}
         self._ahead = dict(claimed.updates)
-        run = claimed.run
-        self.lost = (
-            errors.Canceled(run.run_id)
-            if run.cancel_requested
-            else errors.Suspended(run.run_id)
-            if run.suspend_requested
-            else None
-        )
         self.log.log(logging.DEBUG, "taken up warm (generation %d)", claimed.claim.generation)
         self._begin_span()

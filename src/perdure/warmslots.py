@@ -164,14 +164,28 @@ class WarmSlots:
                 log.debug("worker %s: warm claim of %s failed: %s", self.worker_id, run_id, exc)
             finally:
                 if early is not None and (found is None or not self._settle_early(early, found)):
-                    early[0].settle(None)
-                    early = None
+                    pending, early = early[0], None
+                    if pending.settle(None):
+                        # An answer went ahead under this claim: what the claim
+                        # read predates it, so the run is claimed afresh instead.
+                        self._give_back(found.claim if found is not None else pending.expected)
+                        found = None
             if found is None:
                 return claimed, True
             if early is None:
                 # The update its delivery carried: the run need not read it.
                 claimed.append(dataclasses.replace(found, updates={**carried, **found.updates}))
         return claimed, False
+
+    def _give_back(self, claim: port.Claim | None) -> None:
+        """Release ``claim`` at once, for the ordinary claim to take the run with what it holds."""
+        if claim is None:
+            return
+        try:
+            self.store.release(claim, delay=0.0, failed=False)
+        except Exception as exc:
+            # Not released: its lease lapses, and the run is recovered then.
+            log.warning("worker %s: run %s not released: %s", self.worker_id, claim.run_id, exc)
 
     def _hand_early(
         self, run_id: str, carried: Mapping[tuple[str, int], port.UpdateRecord]
@@ -181,7 +195,15 @@ class WarmSlots:
         if found is None:
             return None
         slot, execution = found
-        pending = warm_api.PendingClaim(carried)
+        expected = None
+        known = slot.known
+        if isinstance(self.store, warmport.AnswersAhead) and known is not None:
+            # The claim as claim_warm will make it. Its lease is not known
+            # before it is back: the last one stands in, as nothing written
+            # under this claim (a fenced answer, a release) reads it.
+            lease = execution.claim.lease_expires_at
+            expected = port.Claim(run_id, self.worker_id, known.generation + 1, lease)
+        pending = warm_api.PendingClaim(carried, expected)
         self._activate(execution)
         slot.hand(pending)
         return pending, execution

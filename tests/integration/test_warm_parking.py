@@ -460,25 +460,51 @@ def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_o
     else:
         original = warmrun.WarmExecution.matches
         moved: list[object] = []
+        # The answer goes ahead of the claim and comes back before the check.
+        claimed_by_key, came_back = threading.Event(), threading.Event()
+        claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
+        answer_ahead = app.store.answer_ahead  # type: ignore[attr-defined]
+        ahead: list[bool] = []
+
+        def claimed_then_told(*args: Any, **kwargs: Any) -> object:
+            try:
+                return claim_warm(*args, **kwargs)
+            finally:
+                claimed_by_key.set()
+
+        def after_the_claim(*args: Any, **kwargs: Any) -> bool:
+            assert claimed_by_key.wait(WAIT)
+            ahead.append(answer_ahead(*args, **kwargs))
+            came_back.set()
+            return ahead[-1]
 
         def once_moved(self: Any, claimed: port.Claimed) -> bool:
             if not moved:
                 moved.append(None)
-                return False  # as if the journal had changed since the park
+                assert came_back.wait(WAIT)
+                return False  # as if the run's rows had failed their checks
             return bool(original(self, claimed))
 
+        monkeypatch.setattr(app.store, "claim_warm", claimed_then_told)
+        monkeypatch.setattr(app.store, "answer_ahead", after_the_claim)
         monkeypatch.setattr(warmrun.WarmExecution, "matches", once_moved)
     with worker:
         _until(lambda: _held_warm(worker, handle.run_id, 1))
         assert app.update(handle.run_id, "ask", 1, update_id="u1", timeout=WAIT) == 2
-        # Replayed from the journal by the ordinary claim, then parked warm again.
-        _until(lambda: _held_warm(worker, handle.run_id, 2))
+        # Replayed from the journal by the ordinary claim, then parked warm again:
+        # under the claim it was woken with, or (the answer written ahead under
+        # that one) under the next, the first given back at once.
+        _until(lambda: _held_warm(worker, handle.run_id, 2 if refusal == "not claimed" else 3))
         assert app.update(handle.run_id, "ask", 2, update_id="u2", timeout=WAIT) == 4
         assert handle.result(timeout=WAIT) == [1, 2]
     assert early == ["woken", "woken"]
     assert len(entered) == 2  # the first pass, and the replay after the refusal
     journal = app.store.journal(handle.run_id)  # type: ignore[attr-defined]
     assert [e.kind for e in journal].count("respond") == 2
+    if refusal == "moved on":
+        assert ahead[0] is True  # the first answer was written ahead of its claim
+        kinds = [r.kind for r in app.store.history(handle.run_id)]  # type: ignore[attr-defined]
+        assert "released" in kinds
 
 
 def test_a_run_woken_before_its_claim_writes_nothing_until_the_claim_is_made(
@@ -532,3 +558,105 @@ def test_a_run_woken_before_its_claim_writes_nothing_until_the_claim_is_made(
     assert entries == [("update", "started")]
     entries = [(e.kind, e.status) for e in app.store.journal(handle.run_id)]  # type: ignore[attr-defined]
     assert entries == [("update", "ok"), ("respond", "ok")]
+
+
+@pytest.mark.parametrize("limit", [3, 256])
+def test_an_answer_written_ahead_of_its_claim_is_answered_once_and_the_run_goes_on(
+    make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    app = make_app(ledger_limit=limit)
+    if not app.store.url.startswith("postgresql"):
+        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
+
+    @app.workflow()
+    def answerer(ctx: perdure.Context) -> list[object]:
+        asked = []
+        for _ in range(3):
+            update = ctx.next_update("ask")
+            asked.append(update.payload)
+            ctx.respond(update, update.payload * 2)
+        return asked
+
+    handle = app.start(answerer)
+    worker = app.worker(warm_for=10)
+    # Each answer is sent once its claim by key is back from the store (it
+    # then finds the claim made), and before the claim is given to the run.
+    claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
+    answer_ahead = app.store.answer_ahead  # type: ignore[attr-defined]
+    answer_update = app.store.answer_update  # type: ignore[attr-defined]
+    made = threading.Semaphore(0)
+    ahead: list[bool] = []
+    ordinary: list[str] = []
+
+    def claimed_then_told(*args: Any, **kwargs: Any) -> object:
+        try:
+            return claim_warm(*args, **kwargs)
+        finally:
+            made.release()
+
+    def after_the_claim(*args: Any, **kwargs: Any) -> bool:
+        assert made.acquire(timeout=WAIT)
+        ahead.append(answer_ahead(*args, **kwargs))
+        return ahead[-1]
+
+    def answered(claim: port.Claim, *args: Any, **kwargs: Any) -> bool:
+        ordinary.append(claim.run_id)
+        return bool(answer_update(claim, *args, **kwargs))
+
+    monkeypatch.setattr(app.store, "claim_warm", claimed_then_told)
+    monkeypatch.setattr(app.store, "answer_ahead", after_the_claim)
+    monkeypatch.setattr(app.store, "answer_update", answered)
+    with worker:
+        for i, generation in ((1, 1), (2, 2), (3, 3)):
+            _until(lambda generation=generation: _held_warm(worker, handle.run_id, generation))
+            assert app.update(handle.run_id, "ask", i, update_id=f"u{i}", timeout=WAIT) == 2 * i
+        assert handle.result(timeout=WAIT) == [1, 2, 3]
+    assert ahead == [True, True, True] and ordinary == []
+    # Answered once each, in the journal once each, and the ledger as the run's bound keeps it.
+    stored = [app.store.get_update(handle.run_id, f"u{i}") for i in (1, 2, 3)]  # type: ignore[attr-defined]
+    assert [(u.state, u.response) for u in stored] == [("answered", str(2 * i)) for i in (1, 2, 3)]
+    journal = app.store.journal(handle.run_id)  # type: ignore[attr-defined]
+    assert [e.kind for e in journal].count("respond") == 3
+    history = app.history(handle.run_id)
+    assert len(history) == min(limit, history[-1].sequence)
+
+
+def test_a_refused_renewal_of_the_parked_claim_does_not_stop_a_run_taken_up_early(
+    make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+    if not app.store.url.startswith("postgresql"):
+        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
+
+    @app.workflow()
+    def answerer(ctx: perdure.Context) -> list[object]:
+        asked = []
+        for _ in range(2):
+            update = ctx.next_update("ask")
+            asked.append(update.payload)
+            ctx.respond(update, update.payload * 2)
+        return asked
+
+    handle = app.start(answerer)
+    worker = app.worker(warm_for=10)
+    hand = warm.WarmSlot.hand
+    reported: list[int] = []
+
+    def refused_first(slot: warm.WarmSlot, claimed: warm.Handed) -> None:
+        if isinstance(claimed, warm.PendingClaim):
+            # The keeper renews the claim the run parked with until it hears of
+            # the park; the store refuses, and the report comes as the run wakes.
+            with worker._active_lock:
+                execution = worker._active[slot.run_id]
+            reported.append(execution.claim.generation)
+            stale = perdure.errors.StaleClaim(slot.run_id, "renewal refused")
+            worker._lost(slot.run_id, execution.claim.generation, stale)
+        hand(slot, claimed)
+
+    monkeypatch.setattr(warm.WarmSlot, "hand", refused_first)
+    with worker:
+        for i, generation in ((1, 1), (2, 2)):
+            _until(lambda generation=generation: _held_warm(worker, handle.run_id, generation))
+            assert app.update(handle.run_id, "ask", i, update_id=f"u{i}", timeout=WAIT) == 2 * i
+        assert handle.result(timeout=WAIT) == [1, 2]
+    assert reported == [1, 2]

@@ -389,6 +389,7 @@ def test_the_workflow_layers_import_no_store_and_no_worker(module: Any) -> None:
             "perdure.store.controlport",
             "perdure.store.chainport",
             "perdure.store.planport",
+            "perdure.store.warmport",
         }
         assert engine <= {f"perdure.{m}" for m in _allowed(module)} | store_port
 

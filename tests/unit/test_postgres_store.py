@@ -15,7 +15,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -26,6 +26,7 @@ from perdure import errors
 from perdure.store import liveport, port
 from perdure.store.postgres import store as postgres
 from perdure.testing.clock import FakeClock
+from perdure.testing.conformance import harness
 
 pytestmark = pytest.mark.postgres
 
@@ -185,6 +186,63 @@ def test_an_end_racing_an_update_delivery_abandons_the_update(
     # Stored before the end, so settled by it: its sender is not left waiting.
     found = store.get_update("r1", "u1")
     assert found is not None and found.state == "abandoned"
+
+
+def woken_by_an_update(store: postgres.PostgresStore) -> port.Claim:
+    """A run parked on an update, then woken by its delivery: queued at generation 1."""
+    claim = started("r1", store)
+    assert store.park(claim, [], [port.WaitSpec("ask", "update")], wake_at=None)
+    store.deliver_update(liveport.NewUpdate("r1", "u1", "ask", "1"))
+    assert state(store, "r1") == "queued"
+    return claim
+
+
+def answer_ahead(store: postgres.PostgresStore, worker: str) -> bool:
+    claim = port.Claim("r1", worker, 2, datetime.now(UTC))
+    entry = port.JournalEntry(1, "respond", "ask#1", "ok", "2")
+    return store.answer_ahead(claim, [entry], "u1", "2")
+
+
+@pytest.mark.parametrize("outcome", ["claimed here", "claimed elsewhere", "not claimed"])
+def test_an_answer_ahead_waits_for_the_claim_in_progress_and_writes_only_under_it(
+    postgres_url: str, store: postgres.PostgresStore, outcome: str
+) -> None:
+    woken_by_an_update(store)
+    before = harness.snapshot(store) if outcome == "not claimed" else None
+    with psycopg.connect(postgres_url) as holder:
+        # A claim of the run in progress: its row is locked until it commits.
+        holder.execute(
+            "UPDATE perdure.runs SET generation = 2, state = 'running', worker = %s,"
+            " ledger_sequence = ledger_sequence + 1 WHERE run_id = 'r1'",
+            ["w1" if outcome == "claimed here" else "w2"],
+        )
+        holder.execute(
+            "INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker)"
+            " SELECT run_id, ledger_sequence, 'claimed', now(), 2, worker"
+            " FROM perdure.runs WHERE run_id = 'r1'"
+        )
+        answering, answered = in_thread(lambda: answer_ahead(store, "w1"))
+        wait_for_blocked(postgres_url, 1)
+        if outcome == "not claimed":
+            holder.rollback()
+        else:
+            holder.commit()
+    answering.join(timeout=10)
+    found = store.get_update("r1", "u1")
+    assert found is not None
+    if outcome == "claimed here":
+        # Judged on the row as the claim left it: written under that claim.
+        assert answered == [True]
+        assert (found.state, found.response) == ("answered", "2")
+        assert [e.kind for e in store.journal("r1")] == ["respond"]
+        assert kinds(store, "r1")[-1] == "claimed"
+    else:
+        # Another worker's claim, or none: nothing written.
+        assert answered == [False]
+        assert found.state == "pending"
+        assert store.journal("r1") == []
+    if before is not None:
+        assert harness.snapshot(store) == before
 
 
 def test_park_blocked_behind_a_delivery_sees_its_outcome(

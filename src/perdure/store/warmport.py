@@ -85,10 +85,32 @@ class WarmClaims(Protocol):
         defines it except lapsed (``queued`` and due, or ``waiting`` with a
         due deadline) at ``known.generation``. It is claimed as the ordinary
         claim would (generation + 1, ``claimed`` receipt, lease of
-        ``lease_ttl`` seconds) and returned with ``known``'s journal when its
-        ``started`` tail reads back unchanged, else with the stored journal,
-        and with the run's outcomes, of which those named in
-        ``known.outcomes`` may be left out. None: not claimed (the caller
-        claims the ordinary way).
+        ``lease_ttl`` seconds) only when the journal's ``started`` tail reads
+        back as ``known`` holds it (``resolve`` may have changed it), and
+        returned with ``known``'s journal and the run's outcomes, of which
+        those named in ``known.outcomes`` may be left out. So a claim by key
+        is made only for the journal its worker holds, and that worker may
+        write under it before the claim is back (:class:`AnswersAhead`).
+        None: not claimed (the caller claims the ordinary way).
+        """
+        ...
+
+
+@runtime_checkable
+class AnswersAhead(Protocol):
+    """An update's answer sent while the claim by key that takes its run up commits."""
+
+    def answer_ahead(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        update_id: str,
+        response: str,
+        marks: Sequence[port.Mark] = (),
+    ) -> bool:
+        """Answer as ``answer_update`` does once ``claim`` (by its generation and worker) commits.
+
+        Waits for the run's row lock, so a claim in progress is waited for.
+        False: the run is not claimed so (nothing was written, nothing read).
         """
         ...

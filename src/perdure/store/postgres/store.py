@@ -462,6 +462,20 @@ class PostgresStore(
             self._transact(lambda cur: self._lost(cur, claim, claim.canceling))
         return bool(row is not None and row["answered"])
 
+    def answer_ahead(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        update_id: str,
+        response: str,
+        marks: Sequence[port.Mark] = (),
+    ) -> bool:
+        """Answer under ``claim`` once it commits (warmport.AnswersAhead); False: not written."""
+        row = self._write_alone(
+            "answer_ahead", claim, entries, marks, update_id=update_id, response=response
+        )
+        return row is not None
+
     def _write_alone(
         self,
         query: str,

@@ -3,9 +3,9 @@
 A mixin of :class:`~perdure.store.postgres.store.PostgresStore`. The statement
 (``claim_warm`` in ``postgres/sql/queries.sql``) claims the run at the
 generation its worker parked it with, only if its row is the version the
-statement's snapshot saw, writes the receipt, compares the held journal's
-``started`` tail and returns the outcomes the worker does not hold, as arrays:
-one round trip, and nothing read back unless ``resolve`` changed the tail.
+statement's snapshot saw and only if the held journal's ``started`` tail is
+the stored one, writes the receipt and returns the outcomes the worker does
+not hold, as arrays: one round trip, and nothing read back.
 It reads no updates ahead (``Claimed.updates``): a lateral read of them in
 the statement cost more to plan, on every call, than the read it spared.
 """
@@ -36,9 +36,8 @@ class WarmClaimTransitions(claiming.ClaimTransitions[Cursor]):
         """One autocommit statement: the claim, its receipt, its outcomes, the held tail compared.
 
         The held journal's ``started`` tail (see :meth:`_unchanged`) is
-        compared with the stored one inside the claim, and the outcomes come
-        with it, so nothing is read back unless the tail differs (then the
-        stored journal is read, which the warm execution refuses: it replays).
+        compared with the stored one inside the claim, which is not made when
+        they differ, and the outcomes come with it: nothing is read back.
         """
         held = list(known.journal)
         first = next((i for i, e in enumerate(held) if e.status == "started"), None)
@@ -69,18 +68,13 @@ class WarmClaimTransitions(claiming.ClaimTransitions[Cursor]):
             if row is None:
                 return None
             run = self.read.run(row)
-            journal = held if row["tail_kept"] else self._journal_of(cur, run_id)
             assert run.worker is not None and run.lease_expires_at is not None
             claim = port.Claim(run_id, run.worker, run.generation, run.lease_expires_at)
-            return port.Claimed(claim, run, journal, self._settled_of(row), False)
+            return port.Claimed(claim, run, held, self._settled_of(row), False)
 
         # Not retried when the connection is lost: the claim may have committed,
         # and then its lease lapses and the run is recovered as any other.
         return self._transact(work, single=True)
-
-    def _journal_of(self, cur: Cursor, run_id: str) -> list[port.JournalEntry]:
-        """The run's stored journal, read with ``cur``."""
-        return [self.read.entry(row) for row in self._exec(cur, "journal", run_id=run_id)]
 
     def _settled_of(self, row: rows.Row) -> list[port.Outcome]:
         """The outcomes claim_warm returned as arrays, one column each, in their order."""

@@ -260,17 +260,17 @@ class SqliteStore(
         worker: str,
         ttl: float,
         known: Mapping[str, port.KnownJournal],
+        unchanged: list[port.JournalEntry] | None = None,
     ) -> port.Claimed:
+        """Claim ``candidate``; ``unchanged``: its held journal, already proved current."""
         prior = self.read.claim_prior(candidate)
         run_id = candidate["run_id"]
         params = {"run_id": run_id, "worker": worker, "lease_ttl": ttl}
         row = self._exec(cur, "claim_one", **params).fetchone()
         assert row is not None  # the candidate was read under the same lock
-        held = {}
-        if known:
+        if unchanged is None and known:
             unchanged = self._unchanged(cur, known, run_id, prior, candidate["generation"])
-            if unchanged is not None:
-                held[run_id] = unchanged
+        held = {run_id: unchanged} if unchanged is not None else {}
         found = [(self.read.run(row), prior == "running")]
         (claimed,) = self._claimed(cur, found, held, known=known)
         receipt = port.Mark("recovered" if prior == "running" else "claimed")
@@ -295,7 +295,12 @@ class SqliteStore(
             ).fetchone()
             if found is None:
                 return None
-            return self._claim_once(cur, found, worker, ttl, {run_id: known})
+            # Claimed by key only for the journal its worker holds (see warmport).
+            prior, generation = self.read.claim_prior(found), found["generation"]
+            unchanged = self._unchanged(cur, {run_id: known}, run_id, prior, generation)
+            if unchanged is None:
+                return None
+            return self._claim_once(cur, found, worker, ttl, {run_id: known}, unchanged)
 
         return self._transact(work)
 

@@ -175,12 +175,17 @@ class WarmClaimTests(Suite):
         (claimed,) = store.claim(APP, WORKER, versions, lease_ttl=TTL, known={run.run_id: stale})
         assert claimed.updates == {}
 
-    def test_claim_warm_reads_the_journal_when_its_started_tail_differs(
+    def test_claim_warm_refuses_a_run_whose_started_tail_differs(
         self, store: port.Store, clock: clocks.FakeClock
     ) -> None:
         run, entries, _ = self._woken(store, clock)
         held = (entry(1), entry(2, "started", name="another", kind="wait"))
-        claimed = self._claim_warm(store, run, port.KnownJournal(1, held))
+        before = snapshot(store)
+        # Its worker would go on from a journal that is not the run's: not claimed by key.
+        assert self._claim_warm(store, run, port.KnownJournal(1, held)) is None
+        assert snapshot(store) == before
+        # The journal as stored is claimed.
+        claimed = self._claim_warm(store, run, port.KnownJournal(1, entries))
         assert claimed is not None and claimed.journal == list(entries)
 
     def test_claim_warm_refuses_a_run_claimed_since(

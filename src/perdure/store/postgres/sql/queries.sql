@@ -290,11 +290,14 @@ FROM claimed AS c ORDER BY updated_at, run_id;
 -- claim then waited for its lock, and re-checks the newer version) is not
 -- claimed, and the worker claims the ordinary way. Every write of a run's
 -- journal changes its row, so the held journal's started tail (the entries
--- past %(after)s; NULL: it has none) is compared here, each entry as its
--- row's text, and the run's outcomes come back as arrays (but those the
--- worker holds, %(known_outcomes)s: an outcome never changes), and nothing is
--- read back. An outcome settled without a change of the row (its run
--- already queued) may be missed; the run's next park finds it.
+-- past %(after)s; NULL: it has none) is compared in that snapshot, each entry
+-- as its row's text, and a run whose tail differs (resolve changed it) is not
+-- claimed either: a claim by key is made only for the journal its worker
+-- holds, so its worker may write under it before it is back (answer_ahead).
+-- The run's outcomes come back as arrays (but those the worker holds,
+-- %(known_outcomes)s: an outcome never changes), and nothing is read back. An
+-- outcome settled without a change of the row (its run already queued) may
+-- be missed; the run's next park finds it.
 WITH seen AS (
     SELECT r.run_id, r.state, r.xmin AS version FROM perdure.runs AS r
     WHERE r.run_id = %(run_id)s AND r.app = %(app)s AND r.generation = %(generation)s
@@ -308,6 +311,22 @@ WITH seen AS (
           OR (r.state = 'waiting'
               AND r.ready_at <= coalesce(%(now)s::timestamptz, statement_timestamp()))
       )
+      AND (%(after)s::integer IS NULL OR (
+          SELECT coalesce(array_agg(
+                     ROW(j.position, j.kind, j.name, j.status, j.output, j.error, j.attempt)::text
+                     ORDER BY j.position), '{}')
+          FROM perdure.journal AS j
+          WHERE j.run_id = r.run_id AND j.position > %(after)s::integer
+      ) = (
+          SELECT coalesce(array_agg(
+                     ROW(t.position, t.kind, t.name, t.status, t.output, t.error, t.attempt)::text
+                     ORDER BY t.position), '{}')
+          FROM unnest(%(tail_positions)s::integer[], %(tail_kinds)s::text[],
+                      %(tail_names)s::text[], %(tail_statuses)s::text[],
+                      %(tail_outputs)s::text[], %(tail_errors)s::text[],
+                      %(tail_attempts)s::integer[])
+               AS t(position, kind, name, status, output, error, attempt)
+      ))
 ), claimed AS (
     UPDATE perdure.runs AS r SET
         generation = r.generation + 1,
@@ -329,23 +348,7 @@ WITH seen AS (
     DELETE FROM perdure.ledger AS l USING claimed AS c
     WHERE l.run_id = c.run_id AND l.sequence <= c.ledger_sequence - c.ledger_limit
 )
-SELECT c.*, settled.*,
-       %(after)s::integer IS NULL OR (
-           SELECT coalesce(array_agg(
-                      ROW(j.position, j.kind, j.name, j.status, j.output, j.error, j.attempt)::text
-                      ORDER BY j.position), '{}')
-           FROM perdure.journal AS j
-           WHERE j.run_id = c.run_id AND j.position > %(after)s::integer
-       ) = (
-           SELECT coalesce(array_agg(
-                      ROW(t.position, t.kind, t.name, t.status, t.output, t.error, t.attempt)::text
-                      ORDER BY t.position), '{}')
-           FROM unnest(%(tail_positions)s::integer[], %(tail_kinds)s::text[],
-                       %(tail_names)s::text[], %(tail_statuses)s::text[],
-                       %(tail_outputs)s::text[], %(tail_errors)s::text[],
-                       %(tail_attempts)s::integer[])
-                AS t(position, kind, name, status, output, error, attempt)
-       ) AS tail_kept
+SELECT c.*, settled.*
 FROM claimed AS c
 CROSS JOIN LATERAL (
     SELECT array_agg(o.name ORDER BY o.at, o.name) AS outcome_names,
@@ -1168,6 +1171,87 @@ WITH fence AS (
       AND (NOT cancel_requested OR %(canceling)s)
       AND (NOT suspend_requested OR %(canceling)s)
     RETURNING run_id, ledger_sequence, ledger_limit
+), put AS (
+    INSERT INTO perdure.journal (
+        run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
+    )
+    SELECT f.run_id, e.position, e.kind, e.name, e.status, e.output, e.error, e.attempt,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM fence AS f, unnest(
+        %(positions)s::integer[], %(kinds)s::text[], %(names)s::text[], %(statuses)s::text[],
+        %(outputs)s::text[], %(errors)s::text[], %(attempts)s::integer[]
+    ) AS e(position, kind, name, status, output, error, attempt)
+    ON CONFLICT (run_id, position) DO UPDATE SET
+        kind = EXCLUDED.kind,
+        name = EXCLUDED.name,
+        status = EXCLUDED.status,
+        output = EXCLUDED.output,
+        error = EXCLUDED.error,
+        attempt = EXCLUDED.attempt,
+        updated_at = EXCLUDED.updated_at
+    WHERE perdure.journal.status = 'started'
+    RETURNING position
+), receipt AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
+    SELECT f.run_id, f.ledger_sequence - %(receipts)s + r.ord, r.kind,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           %(generation)s, %(worker)s, r.step, r.digest, r.note
+    FROM fence AS f, unnest(
+        %(mark_kinds)s::text[], %(mark_steps)s::text[], %(mark_digests)s::text[],
+        %(mark_notes)s::text[]
+    ) WITH ORDINALITY AS r(kind, step, digest, note, ord)
+    WHERE f.ledger_sequence - %(receipts)s + r.ord > f.ledger_sequence - f.ledger_limit
+), trimmed AS (
+    DELETE FROM perdure.ledger AS l USING fence AS f
+    WHERE l.run_id = f.run_id AND l.sequence <= f.ledger_sequence - f.ledger_limit
+), answered AS (
+    UPDATE perdure.updates AS u SET
+        state = 'answered',
+        response = %(response)s,
+        settled_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM fence AS f
+    WHERE u.run_id = f.run_id AND u.update_id = %(update_id)s AND u.state = 'pending'
+    RETURNING u.run_id
+)
+SELECT f.ledger_sequence,
+       CASE WHEN (SELECT count(*) FROM put) < %(entries)s
+            THEN perdure.refuse('journal_position_taken') END AS refused,
+       (SELECT count(*) FROM answered) AS answered,
+       -- The answer itself, for its sender, when it fits a notification (told
+       -- before the run's announcement, which wakes the sender).
+       CASE WHEN EXISTS (SELECT 1 FROM answered) AND octet_length(t.payload) <= 7000
+            THEN pg_notify('perdure_answer', t.payload)::text END AS told,
+       CASE WHEN EXISTS (SELECT 1 FROM answered)
+            THEN pg_notify('perdure_live', f.run_id)::text END AS announced
+FROM fence AS f, LATERAL (
+    SELECT json_build_object(
+        'run_id', f.run_id, 'update_id', %(update_id)s::text, 'response', %(response)s::text
+    )::text AS payload
+) AS t;
+
+-- name: answer_ahead
+-- answer_alone under a claim by key that may still be committing: sent by the
+-- run's thread while its worker's claim_warm is on its way. The run's row is
+-- locked first, which waits for a claim in progress; the fence then judges
+-- the row as that lock found it (the claim's generation, to this worker,
+-- running, neither cancel nor suspend asked), and the update re-reads it.
+-- No row comes back when the fence matches nothing: then nothing is written
+-- and nothing is read, and the run's thread writes the ordinary way once the
+-- claim is back. This statement's snapshot may predate the claim, so it
+-- cannot trim the claim's receipt: its caller sends it only when the bound
+-- keeps that receipt anyway.
+WITH locked AS (
+    SELECT l.run_id, l.generation, l.worker, l.state, l.cancel_requested, l.suspend_requested
+    FROM perdure.runs AS l WHERE l.run_id = %(run_id)s FOR UPDATE
+), fence AS (
+    UPDATE perdure.runs AS r SET
+        ledger_sequence = r.ledger_sequence + %(receipts)s,
+        updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM locked AS l
+    WHERE r.run_id = l.run_id AND l.generation = %(generation)s AND l.worker = %(worker)s
+      AND l.state = 'running' AND NOT l.cancel_requested AND NOT l.suspend_requested
+    RETURNING r.run_id, r.ledger_sequence, r.ledger_limit
 ), put AS (
     INSERT INTO perdure.journal (
         run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
