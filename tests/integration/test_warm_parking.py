@@ -47,6 +47,37 @@ def _held_warm(worker: perdure.Worker, run_id: str, generation: int) -> bool:
     return known is not None and known.generation == generation
 
 
+def _answers_after_each_claim(
+    app: perdure.App, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[bool], threading.Event]:
+    """Send each answer ahead of its claim only once that claim by key is back.
+
+    It then finds the claim made, and writes under it. Returns what each
+    answer sent ahead wrote, and an event set as each comes back.
+    """
+    claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
+    answer_ahead = app.store.answer_ahead  # type: ignore[attr-defined]
+    made = threading.Semaphore(0)
+    ahead: list[bool] = []
+    came_back = threading.Event()
+
+    def claimed_then_told(*args: Any, **kwargs: Any) -> object:
+        try:
+            return claim_warm(*args, **kwargs)
+        finally:
+            made.release()
+
+    def after_the_claim(*args: Any, **kwargs: Any) -> bool:
+        assert made.acquire(timeout=WAIT)
+        ahead.append(answer_ahead(*args, **kwargs))
+        came_back.set()
+        return ahead[-1]
+
+    monkeypatch.setattr(app.store, "claim_warm", claimed_then_told)
+    monkeypatch.setattr(app.store, "answer_ahead", after_the_claim)
+    return ahead, came_back
+
+
 def test_a_run_that_waits_goes_on_in_place_without_a_replay(
     make_app: Callable[..., perdure.App],
 ) -> None:
@@ -461,22 +492,7 @@ def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_o
         original = warmrun.WarmExecution.matches
         moved: list[object] = []
         # The answer goes ahead of the claim and comes back before the check.
-        claimed_by_key, came_back = threading.Event(), threading.Event()
-        claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
-        answer_ahead = app.store.answer_ahead  # type: ignore[attr-defined]
-        ahead: list[bool] = []
-
-        def claimed_then_told(*args: Any, **kwargs: Any) -> object:
-            try:
-                return claim_warm(*args, **kwargs)
-            finally:
-                claimed_by_key.set()
-
-        def after_the_claim(*args: Any, **kwargs: Any) -> bool:
-            assert claimed_by_key.wait(WAIT)
-            ahead.append(answer_ahead(*args, **kwargs))
-            came_back.set()
-            return ahead[-1]
+        ahead, came_back = _answers_after_each_claim(app, monkeypatch)
 
         def once_moved(self: Any, claimed: port.Claimed) -> bool:
             if not moved:
@@ -485,8 +501,6 @@ def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_o
                 return False  # as if the run's rows had failed their checks
             return bool(original(self, claimed))
 
-        monkeypatch.setattr(app.store, "claim_warm", claimed_then_told)
-        monkeypatch.setattr(app.store, "answer_ahead", after_the_claim)
         monkeypatch.setattr(warmrun.WarmExecution, "matches", once_moved)
     with worker:
         _until(lambda: _held_warm(worker, handle.run_id, 1))
@@ -579,32 +593,14 @@ def test_an_answer_written_ahead_of_its_claim_is_answered_once_and_the_run_goes_
 
     handle = app.start(answerer)
     worker = app.worker(warm_for=10)
-    # Each answer is sent once its claim by key is back from the store (it
-    # then finds the claim made), and before the claim is given to the run.
-    claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
-    answer_ahead = app.store.answer_ahead  # type: ignore[attr-defined]
+    ahead, _ = _answers_after_each_claim(app, monkeypatch)
     answer_update = app.store.answer_update  # type: ignore[attr-defined]
-    made = threading.Semaphore(0)
-    ahead: list[bool] = []
     ordinary: list[str] = []
-
-    def claimed_then_told(*args: Any, **kwargs: Any) -> object:
-        try:
-            return claim_warm(*args, **kwargs)
-        finally:
-            made.release()
-
-    def after_the_claim(*args: Any, **kwargs: Any) -> bool:
-        assert made.acquire(timeout=WAIT)
-        ahead.append(answer_ahead(*args, **kwargs))
-        return ahead[-1]
 
     def answered(claim: port.Claim, *args: Any, **kwargs: Any) -> bool:
         ordinary.append(claim.run_id)
         return bool(answer_update(claim, *args, **kwargs))
 
-    monkeypatch.setattr(app.store, "claim_warm", claimed_then_told)
-    monkeypatch.setattr(app.store, "answer_ahead", after_the_claim)
     monkeypatch.setattr(app.store, "answer_update", answered)
     with worker:
         for i, generation in ((1, 1), (2, 2), (3, 3)):

@@ -471,8 +471,9 @@ class PostgresStore(
         marks: Sequence[port.Mark] = (),
     ) -> bool:
         """Answer under ``claim`` once it commits (warmport.AnswersAhead); False: not written."""
+        # The same statement: it waits for a claim in progress on the run's row.
         row = self._write_alone(
-            "answer_ahead", claim, entries, marks, update_id=update_id, response=response
+            "answer_alone", claim, entries, marks, update_id=update_id, response=response
         )
         return row is not None
 

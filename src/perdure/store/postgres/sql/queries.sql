@@ -1158,89 +1158,17 @@ RETURNING *;
 
 -- name: answer_alone
 -- answer_update as ONE statement (one round trip, one commit in autocommit
--- mode): the fence (fence_touch's), the entries and receipts, the answer
--- of the pending update and its announcement. The run's row is locked
--- before the update's, as a cancel that abandons it locks them. No row
--- comes back when the fence matches nothing; answered is 0 when the update
--- was not pending.
-WITH fence AS (
-    UPDATE perdure.runs SET
-        ledger_sequence = ledger_sequence + %(receipts)s,
-        updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-    WHERE run_id = %(run_id)s AND generation = %(generation)s AND state = 'running'
-      AND (NOT cancel_requested OR %(canceling)s)
-      AND (NOT suspend_requested OR %(canceling)s)
-    RETURNING run_id, ledger_sequence, ledger_limit
-), put AS (
-    INSERT INTO perdure.journal (
-        run_id, position, kind, name, status, output, error, attempt, created_at, updated_at
-    )
-    SELECT f.run_id, e.position, e.kind, e.name, e.status, e.output, e.error, e.attempt,
-           coalesce(%(now)s::timestamptz, statement_timestamp()),
-           coalesce(%(now)s::timestamptz, statement_timestamp())
-    FROM fence AS f, unnest(
-        %(positions)s::integer[], %(kinds)s::text[], %(names)s::text[], %(statuses)s::text[],
-        %(outputs)s::text[], %(errors)s::text[], %(attempts)s::integer[]
-    ) AS e(position, kind, name, status, output, error, attempt)
-    ON CONFLICT (run_id, position) DO UPDATE SET
-        kind = EXCLUDED.kind,
-        name = EXCLUDED.name,
-        status = EXCLUDED.status,
-        output = EXCLUDED.output,
-        error = EXCLUDED.error,
-        attempt = EXCLUDED.attempt,
-        updated_at = EXCLUDED.updated_at
-    WHERE perdure.journal.status = 'started'
-    RETURNING position
-), receipt AS (
-    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker, step, digest, note)
-    SELECT f.run_id, f.ledger_sequence - %(receipts)s + r.ord, r.kind,
-           coalesce(%(now)s::timestamptz, statement_timestamp()),
-           %(generation)s, %(worker)s, r.step, r.digest, r.note
-    FROM fence AS f, unnest(
-        %(mark_kinds)s::text[], %(mark_steps)s::text[], %(mark_digests)s::text[],
-        %(mark_notes)s::text[]
-    ) WITH ORDINALITY AS r(kind, step, digest, note, ord)
-    WHERE f.ledger_sequence - %(receipts)s + r.ord > f.ledger_sequence - f.ledger_limit
-), trimmed AS (
-    DELETE FROM perdure.ledger AS l USING fence AS f
-    WHERE l.run_id = f.run_id AND l.sequence <= f.ledger_sequence - f.ledger_limit
-), answered AS (
-    UPDATE perdure.updates AS u SET
-        state = 'answered',
-        response = %(response)s,
-        settled_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-    FROM fence AS f
-    WHERE u.run_id = f.run_id AND u.update_id = %(update_id)s AND u.state = 'pending'
-    RETURNING u.run_id
-)
-SELECT f.ledger_sequence,
-       CASE WHEN (SELECT count(*) FROM put) < %(entries)s
-            THEN perdure.refuse('journal_position_taken') END AS refused,
-       (SELECT count(*) FROM answered) AS answered,
-       -- The answer itself, for its sender, when it fits a notification (told
-       -- before the run's announcement, which wakes the sender).
-       CASE WHEN EXISTS (SELECT 1 FROM answered) AND octet_length(t.payload) <= 7000
-            THEN pg_notify('perdure_answer', t.payload)::text END AS told,
-       CASE WHEN EXISTS (SELECT 1 FROM answered)
-            THEN pg_notify('perdure_live', f.run_id)::text END AS announced
-FROM fence AS f, LATERAL (
-    SELECT json_build_object(
-        'run_id', f.run_id, 'update_id', %(update_id)s::text, 'response', %(response)s::text
-    )::text AS payload
-) AS t;
-
--- name: answer_ahead
--- answer_alone under a claim by key that may still be committing: sent by the
--- run's thread while its worker's claim_warm is on its way. The run's row is
--- locked first, which waits for a claim in progress; the fence then judges
--- the row as that lock found it (the claim's generation, to this worker,
--- running, neither cancel nor suspend asked), and the update re-reads it.
--- No row comes back when the fence matches nothing: then nothing is written
--- and nothing is read, and the run's thread writes the ordinary way once the
--- claim is back. This statement's snapshot may predate the claim, so it
--- cannot trim the claim's receipt: its caller sends it only when the bound
--- keeps that receipt anyway.
+-- mode): the fence (fence_touch's, and the claim's worker), the entries and
+-- receipts, the answer of the pending update and its announcement. The
+-- run's row is locked first, before the update's, as a cancel that abandons
+-- it locks them, and the fence judges the row as that lock found it: an
+-- answer sent while its claim is still committing (answer_ahead: a claim
+-- by key of a warm run) waits for that claim and writes under it. No row
+-- comes back when the fence matches nothing (nothing is written); answered
+-- is 0 when the update was not pending. A claim that commits after this
+-- statement's snapshot was taken wrote a receipt this statement cannot
+-- see to trim: an answer sent ahead of its claim is sent only when the
+-- run's bound keeps that receipt anyway.
 WITH locked AS (
     SELECT l.run_id, l.generation, l.worker, l.state, l.cancel_requested, l.suspend_requested
     FROM perdure.runs AS l WHERE l.run_id = %(run_id)s FOR UPDATE
@@ -1250,7 +1178,9 @@ WITH locked AS (
         updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
     FROM locked AS l
     WHERE r.run_id = l.run_id AND l.generation = %(generation)s AND l.worker = %(worker)s
-      AND l.state = 'running' AND NOT l.cancel_requested AND NOT l.suspend_requested
+      AND l.state = 'running'
+      AND (NOT l.cancel_requested OR %(canceling)s)
+      AND (NOT l.suspend_requested OR %(canceling)s)
     RETURNING r.run_id, r.ledger_sequence, r.ledger_limit
 ), put AS (
     INSERT INTO perdure.journal (
