@@ -212,12 +212,7 @@ class Execution(
         if (
             self._pending is not None
             and isinstance(store, warmport.AnswersAhead)
-            and self._answered_ahead(
-                lambda claim, entries, marks: store.answer_ahead(
-                    claim, entries, update_id, response, marks
-                ),
-                entry,
-            )
+            and self._answered_ahead(store, entry, update_id, response)
         ):
             return
         self._write(answer, entry, [])

@@ -17,7 +17,7 @@ any other, and its claim is an ordinary fenced claim.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from perdure import errors
@@ -32,6 +32,13 @@ class Cooled(errors.Suspend):
         super().__init__("parked, not resumed here")
 
 
+ClaimAnswering = Callable[
+    [Sequence[port.JournalEntry], str, str, Sequence[port.Mark]],
+    tuple[port.Claimed | None, bool],
+]
+"""Make a pending claim together with an update's answer (entries, update id, response, marks)."""
+
+
 class PendingClaim:
     """A claim of a warm run still being made, handed to the run's thread before it commits.
 
@@ -42,26 +49,93 @@ class PendingClaim:
     :meth:`result`: the claim, or None when it was not made or the run moved
     on meanwhile, and then the thread stops without writing anything.
 
-    One call may go ahead instead (:meth:`ahead`): an update's answer, sent
-    under the claim as it will be made (``expected``: the next generation, to
-    this worker), whose fence lets it write only once that claim has
-    committed. A claimer that did not make the claim claims nothing more
-    before that call has come back (``settle(None)`` waits for it), so the
-    only claim it can write under is this one.
+    Who makes the claim is decided once. With ``claim_answering``, the worker
+    first gives the run's thread a moment (:meth:`worker_claims`): a thread
+    whose first write is the update's answer makes the claim with it, in one
+    commit (:meth:`answer_claiming`); any other first call leaves the claim
+    to the worker (:meth:`leave_claim`), as does a thread that takes longer.
+
+    Once the worker makes it, one call may go ahead of it instead
+    (:meth:`ahead`): the answer, sent under the claim as it will be made
+    (``expected``: the next generation, to this worker), whose fence lets it
+    write only once that claim has committed. A claimer that did not make
+    the claim claims nothing more before that call has come back
+    (``settle(None)`` waits for it), so the only claim it can write under is
+    this one.
     """
 
     def __init__(
         self,
         updates: Mapping[tuple[str, int], port.UpdateRecord],
         expected: port.Claim | None = None,
+        claim_answering: ClaimAnswering | None = None,
     ) -> None:
         self.updates = dict(updates)
         self.expected = expected
+        self._claim_answering = claim_answering
         self._done = threading.Event()
         self._claimed: port.Claimed | None = None
         # Held while a call goes ahead; settle waits for it to come back.
         self._ahead = threading.Lock()
         self._went_ahead = False
+        # Who makes the claim: "worker" or "run" (the run's thread, with its answer).
+        self._turn = threading.Condition()
+        self._claimer: str | None = None
+        self._made_by_run = threading.Event()
+        self._made: port.Claimed | None = None
+
+    def worker_claims(self, timeout: float) -> bool:
+        """Whether the worker makes the claim: False when the run's thread makes it (:meth:`made`).
+
+        Waits up to ``timeout`` for the run's thread to take the claim or to
+        leave it, when it may take it at all; past that, the worker makes it.
+        """
+        with self._turn:
+            if self._claim_answering is not None:
+                self._turn.wait_for(lambda: self._claimer is not None, timeout)
+            if self._claimer is None:
+                self._claimer = "worker"
+            return self._claimer == "worker"
+
+    def leave_claim(self) -> None:
+        """The run's thread does not make the claim: the worker makes it now."""
+        with self._turn:
+            if self._claimer is None:
+                self._claimer = "worker"
+                self._turn.notify_all()
+
+    def answer_claiming(
+        self,
+        entries: Sequence[port.JournalEntry],
+        update_id: str,
+        response: str,
+        marks: Sequence[port.Mark],
+    ) -> bool | None:
+        """Make the claim with an update's answer; return whether the answer was written.
+
+        None: the worker makes the claim (it began, or this claim cannot
+        carry an answer), and nothing was sent. A call that fails may have
+        committed: it counts as written for :meth:`settle`.
+        """
+        with self._turn:
+            if self._claim_answering is None or self._claimer is not None:
+                return None
+            self._claimer = "run"
+            self._turn.notify_all()
+        made: port.Claimed | None = None
+        wrote = True
+        try:
+            made, wrote = self._claim_answering(entries, update_id, response, marks)
+        finally:
+            self._made = made
+            self._went_ahead = wrote
+            self._made_by_run.set()
+        return wrote
+
+    def made(self) -> port.Claimed | None:
+        """The claim the run's thread made with its answer (None: not made). Waits for it."""
+        self._made_by_run.wait()
+        return self._made
 
     def settle(self, claimed: port.Claimed | None) -> bool:
         """Give the claim as made (None: not made here); return whether a call went ahead.
@@ -97,7 +171,8 @@ class PendingClaim:
             return wrote
 
     def result(self) -> port.Claimed | None:
-        """Wait for :meth:`settle` and return what it gave."""
+        """Leave the claim to the worker if not taken yet, wait for :meth:`settle`, return it."""
+        self.leave_claim()
         self._done.wait()
         return self._claimed
 

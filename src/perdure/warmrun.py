@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from perdure import errors, journal, logs, replay, telemetry, validation, warm, writebuffer
 from perdure import host as host_api
-from perdure.store import port
+from perdure.store import port, warmport
 
 if TYPE_CHECKING:
     from perdure import execution as execution_api
@@ -150,17 +150,16 @@ class WarmExecution:
             return True
 
     def _answered_ahead(
-        self,
-        write: Callable[[port.Claim, list[journal.Entry], list[journal.Mark]], bool],
-        entry: journal.Entry,
+        self, store: warmport.AnswersAhead, entry: journal.Entry, update_id: str, response: str
     ) -> bool:
-        """Write an update's answer while the claim this run went on under commits.
+        """Write an update's answer while the claim this run went on under is being made.
 
         Only while that claim is pending (:class:`warm.PendingClaim`), and
-        only when the run's bound on receipts keeps the claim's own. The store
-        writes only once the expected claim has committed; the run then
-        resumes under it. False: nothing was written, and the caller writes
-        the ordinary way.
+        only when the run's bound on receipts keeps the claim's own. The
+        answer makes the claim with it when the worker has not begun to, and
+        otherwise goes ahead of it: the store writes it only once that claim
+        has committed. Either way the run then resumes under the claim.
+        False: nothing was written, and the caller writes the ordinary way.
         """
         pending = self._pending
         if pending is None or pending.expected is None:
@@ -168,11 +167,18 @@ class WarmExecution:
         self._buffer.add(entry)
         entries, marks = self._buffer.take()
         try:
-            # The claim's receipt is written by another statement: this one
-            # cannot trim it, so the bound must keep it anyway.
-            wrote = len(marks) + 2 <= self.run_.ledger_limit and pending.ahead(
-                lambda claim: write(claim, entries, marks)
-            )
+            # Sent ahead, the claim's receipt is written by another statement,
+            # which this one cannot trim: the bound must keep it anyway.
+            wrote = False
+            if len(marks) + 2 <= self.run_.ledger_limit:
+                with_claim = pending.answer_claiming(entries, update_id, response, marks)
+                wrote = (
+                    with_claim
+                    if with_claim is not None
+                    else pending.ahead(
+                        lambda claim: store.answer_ahead(claim, entries, update_id, response, marks)
+                    )
+                )
         except BaseException:
             self._buffer.restore(entries, marks)
             raise

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -26,6 +26,12 @@ from perdure import warm as warm_api
 from perdure.store import ownerport, port, warmport
 
 log = logging.getLogger("perdure.worker")
+
+# How long a worker leaves the claim of a run it woke early to the run's
+# thread, whose answer would carry it (one commit for both): that thread
+# runs only workflow code until then, which takes far less on any machine.
+# A thread that takes longer, or writes anything else first, is claimed for.
+_ANSWER_WINDOW = 0.005
 
 
 class WarmSlots:
@@ -150,15 +156,19 @@ class WarmSlots:
             early = self._hand_early(run_id, carried) if carried else None
             found: port.Claimed | None = None
             try:
-                found = store.claim_warm(
-                    self.registry.name,
-                    self.worker_id,
-                    self.registry.workflow_versions(),
-                    run_id=run_id,
-                    known=known[run_id],
-                    lease_ttl=self._claim_ttl,
-                    dry_run=self.dry_run,
-                )
+                if early is not None and not early[0].worker_claims(_ANSWER_WINDOW):
+                    # The run's thread makes the claim, with its answer.
+                    found = early[0].made()
+                else:
+                    found = store.claim_warm(
+                        self.registry.name,
+                        self.worker_id,
+                        self.registry.workflow_versions(),
+                        run_id=run_id,
+                        known=known[run_id],
+                        lease_ttl=self._claim_ttl,
+                        dry_run=self.dry_run,
+                    )
             except Exception as exc:
                 # The ordinary claim meets the same failure, and reports it.
                 log.debug("worker %s: warm claim of %s failed: %s", self.worker_id, run_id, exc)
@@ -196,14 +206,43 @@ class WarmSlots:
             return None
         slot, execution = found
         expected = None
+        claim_answering: warm_api.ClaimAnswering | None = None
         known = slot.known
-        if isinstance(self.store, warmport.AnswersAhead) and known is not None:
+        store = self.store
+        if isinstance(store, warmport.AnswersAhead) and known is not None:
             # The claim as claim_warm will make it. Its lease is not known
             # before it is back: the last one stands in, as nothing written
             # under this claim (a fenced answer, a release) reads it.
             lease = execution.claim.lease_expires_at
             expected = port.Claim(run_id, self.worker_id, known.generation + 1, lease)
-        pending = warm_api.PendingClaim(carried, expected)
+            app, worker, workflows = (
+                self.registry.name,
+                self.worker_id,
+                self.registry.workflow_versions(),
+            )
+            ttl, dry_run, held = self._claim_ttl, self.dry_run, known
+
+            def claim_answering(
+                entries: Sequence[port.JournalEntry],
+                update_id: str,
+                response: str,
+                marks: Sequence[port.Mark],
+            ) -> tuple[port.Claimed | None, bool]:
+                return store.claim_answering(
+                    app,
+                    worker,
+                    workflows,
+                    run_id=run_id,
+                    known=held,
+                    lease_ttl=ttl,
+                    dry_run=dry_run,
+                    entries=entries,
+                    update_id=update_id,
+                    response=response,
+                    marks=marks,
+                )
+
+        pending = warm_api.PendingClaim(carried, expected, claim_answering)
         self._activate(execution)
         slot.hand(pending)
         return pending, execution

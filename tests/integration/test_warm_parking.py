@@ -73,9 +73,37 @@ def _answers_after_each_claim(
         came_back.set()
         return ahead[-1]
 
+    _worker_claims(monkeypatch)
     monkeypatch.setattr(app.store, "claim_warm", claimed_then_told)
     monkeypatch.setattr(app.store, "answer_ahead", after_the_claim)
     return ahead, came_back
+
+
+def _answers_with_each_claim(
+    app: perdure.App, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[bool], threading.Event]:
+    """What each answer that carried its run's claim wrote; the event is set as each is back."""
+    claim_answering = app.store.claim_answering  # type: ignore[attr-defined]
+    wrote: list[bool] = []
+    came_back = threading.Event()
+
+    def recorded(*args: Any, **kwargs: Any) -> tuple[port.Claimed | None, bool]:
+        found, answered = claim_answering(*args, **kwargs)
+        wrote.append(found is not None and answered)
+        came_back.set()
+        return found, answered
+
+    monkeypatch.setattr(app.store, "claim_answering", recorded)
+    return wrote, came_back
+
+
+def _worker_claims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Have the worker make every claim of a run woken early, never the run's answer."""
+
+    def left(self: warm.PendingClaim, *args: Any) -> None:
+        self.leave_claim()
+
+    monkeypatch.setattr(warm.PendingClaim, "answer_claiming", left)
 
 
 def test_a_run_that_waits_goes_on_in_place_without_a_replay(
@@ -447,9 +475,13 @@ def test_only_the_same_journal_lets_a_warm_run_go_on() -> None:
     assert not warm.same_journal(mine, claimed([mine[0], _entry(2, '"other"')]))
 
 
+@pytest.mark.parametrize("claimer", ["worker", "answer"])
 @pytest.mark.parametrize("refusal", ["not claimed", "moved on"])
 def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_once(
-    make_app: Callable[..., perdure.App], refusal: str, monkeypatch: pytest.MonkeyPatch
+    make_app: Callable[..., perdure.App],
+    refusal: str,
+    claimer: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     app = make_app()
     if not app.store.url.startswith("postgresql"):
@@ -477,22 +509,30 @@ def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_o
         return found
 
     monkeypatch.setattr(worker, "_hand_early", recorded)
+    # The claim is made by the worker (the answer goes ahead of it) or with the answer.
+    claim_name = "claim_warm" if claimer == "worker" else "claim_answering"
     if refusal == "not claimed":
-        claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
+        if claimer == "worker":
+            _worker_claims(monkeypatch)
+        make_claim = getattr(app.store, claim_name)
         refused: list[object] = []
 
         def once_refused(*args: Any, **kwargs: Any) -> object:
             if not refused:
                 refused.append(None)
-                return None  # as if another claim had taken the run first
-            return claim_warm(*args, **kwargs)
+                # As if another claim had taken the run first: nothing written.
+                return None if claimer == "worker" else (None, False)
+            return make_claim(*args, **kwargs)
 
-        monkeypatch.setattr(app.store, "claim_warm", once_refused)
+        monkeypatch.setattr(app.store, claim_name, once_refused)
     else:
         original = warmrun.WarmExecution.matches
         moved: list[object] = []
-        # The answer goes ahead of the claim and comes back before the check.
-        ahead, came_back = _answers_after_each_claim(app, monkeypatch)
+        if claimer == "worker":
+            # The answer goes ahead of the claim and comes back before the check.
+            ahead, came_back = _answers_after_each_claim(app, monkeypatch)
+        else:
+            ahead, came_back = _answers_with_each_claim(app, monkeypatch)
 
         def once_moved(self: Any, claimed: port.Claimed) -> bool:
             if not moved:
@@ -511,12 +551,14 @@ def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_o
         _until(lambda: _held_warm(worker, handle.run_id, 2 if refusal == "not claimed" else 3))
         assert app.update(handle.run_id, "ask", 2, update_id="u2", timeout=WAIT) == 4
         assert handle.result(timeout=WAIT) == [1, 2]
-    assert early == ["woken", "woken"]
+    # The second wake-up may come with the release's announcement (it named no
+    # run), and then the ordinary claim takes the run up warm: early or not.
+    assert early[0] == "woken"
     assert len(entered) == 2  # the first pass, and the replay after the refusal
     journal = app.store.journal(handle.run_id)  # type: ignore[attr-defined]
     assert [e.kind for e in journal].count("respond") == 2
     if refusal == "moved on":
-        assert ahead[0] is True  # the first answer was written ahead of its claim
+        assert ahead[0] is True  # the first answer was written, with or ahead of its claim
         kinds = [r.kind for r in app.store.history(handle.run_id)]  # type: ignore[attr-defined]
         assert "released" in kinds
 
@@ -538,6 +580,7 @@ def test_a_run_woken_before_its_claim_writes_nothing_until_the_claim_is_made(
 
     handle = app.start(answerer)
     worker = app.worker(warm_for=10)
+    _worker_claims(monkeypatch)
     claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
     release = threading.Event()
     seen_while_held: list[object] = []
@@ -615,6 +658,98 @@ def test_an_answer_written_ahead_of_its_claim_is_answered_once_and_the_run_goes_
     assert [e.kind for e in journal].count("respond") == 3
     history = app.history(handle.run_id)
     assert len(history) == min(limit, history[-1].sequence)
+
+
+@pytest.mark.parametrize("limit", [3, 256])
+def test_an_answer_that_carries_its_claim_is_answered_once_and_the_run_goes_on(
+    make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    app = make_app(ledger_limit=limit)
+    if not app.store.url.startswith("postgresql"):
+        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
+    entered: list[object] = []
+
+    @app.workflow()
+    def answerer(ctx: perdure.Context) -> list[object]:
+        entered.append(None)
+        asked = []
+        for _ in range(3):
+            update = ctx.next_update("ask")
+            asked.append(update.payload)
+            ctx.respond(update, update.payload * 2)
+        return asked
+
+    handle = app.start(answerer)
+    worker = app.worker(warm_for=10)
+    wrote, _ = _answers_with_each_claim(app, monkeypatch)
+    other: list[str] = []
+    for name in ("claim_warm", "answer_ahead", "answer_update"):
+        original = getattr(app.store, name)
+
+        def counted(*args: Any, name: str = name, original: Any = original, **kwargs: Any) -> Any:
+            other.append(name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(app.store, name, counted)
+    with worker:
+        for i, generation in ((1, 1), (2, 2), (3, 3)):
+            _until(lambda generation=generation: _held_warm(worker, handle.run_id, generation))
+            assert app.update(handle.run_id, "ask", i, update_id=f"u{i}", timeout=WAIT) == 2 * i
+        assert handle.result(timeout=WAIT) == [1, 2, 3]
+    # Each claim made by the answer, in its commit; no other claim or answer, no replay.
+    assert wrote == [True, True, True] and other == [] and len(entered) == 1
+    stored = [app.store.get_update(handle.run_id, f"u{i}") for i in (1, 2, 3)]  # type: ignore[attr-defined]
+    assert [(u.state, u.response) for u in stored] == [("answered", str(2 * i)) for i in (1, 2, 3)]
+    journal = app.store.journal(handle.run_id)  # type: ignore[attr-defined]
+    assert [e.kind for e in journal].count("respond") == 3
+    history = app.history(handle.run_id)
+    assert len(history) == min(limit, history[-1].sequence)
+    if limit == 256:
+        # The first claim, and one with each answer.
+        assert [r.kind for r in history].count("claimed") == 4
+
+
+def test_a_run_woken_early_that_writes_anything_else_first_leaves_its_claim_to_the_worker(
+    make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+    if not app.store.url.startswith("postgresql"):
+        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
+    entered: list[object] = []
+
+    def double(n: int) -> int:
+        return n * 2
+
+    @app.workflow()
+    def answerer(ctx: perdure.Context) -> list[object]:
+        entered.append(None)
+        asked = []
+        for _ in range(2):
+            update = ctx.next_update("ask")
+            doubled = ctx.step(double, update.payload)
+            asked.append(update.payload)
+            ctx.respond(update, doubled)
+        return asked
+
+    handle = app.start(answerer)
+    worker = app.worker(warm_for=10)
+    wrote, _ = _answers_with_each_claim(app, monkeypatch)
+    claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
+    by_worker: list[bool] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> object:
+        found = claim_warm(*args, **kwargs)
+        by_worker.append(found is not None)
+        return found
+
+    monkeypatch.setattr(app.store, "claim_warm", recorded)
+    with worker:
+        for i, generation in ((1, 1), (2, 2)):
+            _until(lambda generation=generation: _held_warm(worker, handle.run_id, generation))
+            assert app.update(handle.run_id, "ask", i, update_id=f"u{i}", timeout=WAIT) == 2 * i
+        assert handle.result(timeout=WAIT) == [1, 2]
+    # The step's write came first: the worker claimed, the run went on warm.
+    assert by_worker == [True, True] and wrote == [] and len(entered) == 1
 
 
 def test_a_refused_renewal_of_the_parked_claim_does_not_stop_a_run_taken_up_early(

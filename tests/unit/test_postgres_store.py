@@ -245,6 +245,88 @@ def test_an_answer_ahead_waits_for_the_claim_in_progress_and_writes_only_under_i
         assert harness.snapshot(store) == before
 
 
+def claim_answering(store: postgres.PostgresStore) -> tuple[port.Claimed | None, bool]:
+    """Claim r1 as its worker parked it (on the update "ask", generation 1) and answer u1."""
+    known = port.KnownJournal(1, tuple(store.journal("r1")), frozenset(), (("ask", 0),))
+    entry = port.JournalEntry(1, "respond", "ask#1", "ok", "2")
+    return store.claim_answering(
+        "app",
+        "w1",
+        WF,
+        run_id="r1",
+        known=known,
+        lease_ttl=30,
+        dry_run=False,
+        entries=[entry],
+        update_id="u1",
+        response="2",
+    )
+
+
+def test_an_answer_that_carries_its_claim_writes_both_in_one_transaction(
+    postgres_url: str, store: postgres.PostgresStore
+) -> None:
+    woken_by_an_update(store)
+    found, answered = claim_answering(store)
+    assert found is not None and answered
+    assert (found.claim.worker, found.claim.generation) == ("w1", 2)
+    assert (found.run.state, found.run.worker) == ("running", "w1")
+    update = store.get_update("r1", "u1")
+    assert update is not None and (update.state, update.response) == ("answered", "2")
+    assert [e.kind for e in store.journal("r1")] == ["respond"]
+    assert kinds(store, "r1")[-1] == "claimed"
+    # One transaction wrote the claim's receipt and the answer's entry.
+    [(receipt,)] = sql(
+        postgres_url,
+        "SELECT xmin::text FROM perdure.ledger WHERE kind = 'claimed' AND generation = 2",
+    )
+    [(entry,)] = sql(postgres_url, "SELECT xmin::text FROM perdure.journal WHERE run_id = 'r1'")
+    assert receipt == entry
+
+
+def test_an_answer_that_carries_a_claim_refused_writes_nothing(
+    postgres_url: str, store: postgres.PostgresStore
+) -> None:
+    woken_by_an_update(store)
+    # Another worker claimed the run first.
+    claimed = claim_one(store, worker="w2")
+    assert claimed.claim.generation == 2
+    before = harness.snapshot(store)
+    assert claim_answering(store) == (None, False)
+    assert harness.snapshot(store) == before
+
+
+def test_a_claim_carried_by_an_answer_stands_when_the_answer_is_refused(
+    postgres_url: str, store: postgres.PostgresStore
+) -> None:
+    woken_by_an_update(store)
+    sql(postgres_url, "UPDATE perdure.runs SET cancel_requested = true WHERE run_id = 'r1'")
+    found, answered = claim_answering(store)
+    # The claim is made (the run unwinds under it); the answer's fence refuses a canceled run.
+    assert found is not None and found.run.cancel_requested and not answered
+    assert (state(store, "r1"), found.claim.generation) == ("running", 2)
+    update = store.get_update("r1", "u1")
+    assert update is not None and update.state == "pending"
+    assert store.journal("r1") == []
+
+
+def test_an_answer_that_carries_its_claim_and_fails_leaves_neither(
+    postgres_url: str, store: postgres.PostgresStore
+) -> None:
+    woken_by_an_update(store)
+    # The answer's position holds a recorded entry: the answer fails, and the claim with it.
+    sql(
+        postgres_url,
+        "INSERT INTO perdure.journal (run_id, position, kind, name, status, output,"
+        " created_at, updated_at) VALUES ('r1', 1, 'step', 'x', 'ok', '1', now(), now())",
+    )
+    before = harness.snapshot(store)
+    with pytest.raises(errors.CorruptState, match="journal_position_taken"):
+        claim_answering(store)
+    assert harness.snapshot(store) == before
+    assert state(store, "r1") == "queued"
+
+
 def test_park_blocked_behind_a_delivery_sees_its_outcome(
     postgres_url: str, store: postgres.PostgresStore, clock: FakeClock
 ) -> None:
@@ -416,7 +498,7 @@ def test_a_broken_listener_is_reopened(postgres_url: str, store: postgres.Postgr
     sql(
         postgres_url,
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND query = 'LISTEN perdure_ready'",
+        " WHERE datname = current_database() AND query LIKE '%%LISTEN perdure_ready'",
     )
     assert store.wait_ready(10)  # spurious, which the port allows
     assert not store.wait_ready(0)

@@ -114,3 +114,29 @@ class AnswersAhead(Protocol):
         False: the run is not claimed so (nothing was written, nothing read).
         """
         ...
+
+    def claim_answering(
+        self,
+        app: str,
+        worker: str,
+        workflows: Sequence[tuple[str, str]],
+        *,
+        run_id: str,
+        known: port.KnownJournal,
+        lease_ttl: float,
+        dry_run: bool,
+        entries: Sequence[port.JournalEntry],
+        update_id: str,
+        response: str,
+        marks: Sequence[port.Mark] = (),
+    ) -> tuple[port.Claimed | None, bool]:
+        """:meth:`WarmClaims.claim_warm`, then ``answer_update`` under that claim, atomically.
+
+        One commit for both: the claim of a warm run woken by an update and
+        the answer its code gave before any other write. Returns the claim
+        (None: not made, and nothing was written) and whether the answer was
+        written; a claim can be made without it (the fence of the answer
+        refuses a run whose cancel or suspend was requested), and then it
+        stands and the run answers the ordinary way under it.
+        """
+        ...

@@ -486,9 +486,24 @@ class PostgresStore(
         **extra: Any,
     ) -> Row | None:
         """Write entries and receipts in one fenced statement; None if it matched nothing."""
+        params = self._alone_params(claim, entries, marks, **extra)
+        with self._position_taken(claim.run_id):
+            row: Row | None = self._transact(
+                lambda cur: self._exec(cur, query, **params).fetchone(), single=True
+            )
+        return row
+
+    def _alone_params(
+        self,
+        claim: port.Claim,
+        entries: Sequence[port.JournalEntry],
+        marks: Sequence[port.Mark],
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """The parameters of a fenced one-statement write (``record_step``, ``answer_alone``...)."""
         entries = rows.checked_entries(claim.run_id, entries)
         marks = ledger.checked_marks(marks)
-        params = {
+        return {
             "run_id": claim.run_id,
             "generation": claim.generation,
             "worker": claim.worker,
@@ -502,17 +517,18 @@ class PostgresStore(
             "mark_notes": [m.note for m in marks],
             **extra,
         }
+
+    @contextmanager
+    def _position_taken(self, run_id: str) -> Iterator[None]:
+        """Report a journal position that holds a recorded entry (the write's guard) as corrupt."""
         try:
-            row: Row | None = self._transact(
-                lambda cur: self._exec(cur, query, **params).fetchone(), single=True
-            )
+            yield
         except errors.StoreError as exc:
             if isinstance(exc.__cause__, psycopg.errors.RaiseException):
                 raise rows.corrupt(
-                    claim.run_id, "journal_position_taken", "a position holds a recorded entry"
+                    run_id, "journal_position_taken", "a position holds a recorded entry"
                 ) from None
             raise
-        return row
 
     def transaction_step(
         self,
