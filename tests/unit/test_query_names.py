@@ -70,3 +70,23 @@ def test_every_invariant_is_documented() -> None:
         assert f"`{name}`" in text or (record in records and column), name
     for special in ("run_worker_id", "run_claim", "journal_position_taken", "outcome_missing"):
         assert special in rows.INVARIANTS and f"`{special}`" in text
+
+
+def test_every_postgres_query_is_short_enough_for_psycopg_to_cache_its_parsing() -> None:
+    # psycopg parses a query's placeholders once per text only up to these
+    # bounds; past them, every call parses the text again.
+    from psycopg import _queries
+
+    assert sqlfiles.CACHED_LENGTH == _queries.MAX_CACHED_STATEMENT_LENGTH
+    for name, text in sqlfiles.queries("postgres").items():
+        params = set(re.findall(r"%\((\w+)\)s", text)) | {"now"}
+        assert len(text.encode()) <= sqlfiles.CACHED_LENGTH, name
+        assert len(params) <= _queries.MAX_CACHED_STATEMENT_PARAMS, name
+
+
+def test_queries_are_sent_without_their_comments_under_their_name() -> None:
+    for adapter in ("sqlite", "postgres"):
+        for name, text in sqlfiles.queries(adapter).items():
+            first, *rest = text.splitlines()
+            assert first == f"-- perdure: {name}", (adapter, name)
+            assert rest and not any(ln.startswith("--") or not ln.strip() for ln in rest), name

@@ -29,15 +29,36 @@ def _folder(adapter: str) -> resources.abc.Traversable:
 
 
 def queries(adapter: str) -> dict[str, str]:
-    """Return the adapter's named queries from ``queries.sql``."""
+    """Return the adapter's named queries from ``queries.sql``, as they are sent.
+
+    Each is sent compact: its comment lines, blank lines and indentation left
+    out, under one line that names it (``-- perdure: <name>``, for the
+    server's logs and statistics). The comments document the queries in the
+    file; sent along, they made the biggest ones longer than psycopg caches
+    the parsing of (:data:`CACHED_LENGTH`), and every call parsed them again.
+    """
     text = _folder(adapter).joinpath("queries.sql").read_text(encoding="utf-8")
     parts = _NAME.split(text)
     found: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in found:
             raise ValueError(f"query {name!r} is defined twice in {adapter}/sql/queries.sql")
-        found[name] = body.strip().rstrip(";").strip()
+        found[name] = f"-- perdure: {name}\n{_compact(body)}"
     return found
+
+
+CACHED_LENGTH = 4096
+"""The longest query text (bytes) whose placeholders psycopg parses once and caches."""
+
+
+def _compact(body: str) -> str:
+    """``body`` without its comment lines, blank lines, indentation and final semicolon.
+
+    Only whole comment lines are left out: no query here has a comment after
+    code on a line, or a string literal that spans lines.
+    """
+    lines = (line.strip() for line in body.splitlines())
+    return "\n".join(ln for ln in lines if ln and not ln.startswith("--")).rstrip(";").strip()
 
 
 def schema(adapter: str) -> str:
