@@ -23,8 +23,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import perdure
 import psycopg
+
+import perdure
 from perdure.store import liveport, port
 
 SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
