@@ -97,6 +97,35 @@ def _answers_with_each_claim(
     return wrote, came_back
 
 
+def _early_app(make_app: Callable[..., perdure.App], **options: Any) -> perdure.App:
+    """An app whose runs can be woken early: only PostgreSQL's wake-ups carry the update."""
+    app = make_app(**options)
+    if not app.store.url.startswith("postgresql"):
+        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
+    return app
+
+
+def _start_answerer(app: perdure.App, count: int) -> tuple[Any, list[object]]:
+    """Start a run that answers ``count`` updates "ask" with twice their payload.
+
+    Returns its handle and a list that grows by one each time its code starts
+    (the first pass, and each replay).
+    """
+    entered: list[object] = []
+
+    @app.workflow()
+    def answerer(ctx: perdure.Context, count: int) -> list[object]:
+        entered.append(None)
+        asked = []
+        for _ in range(count):
+            update = ctx.next_update("ask")
+            asked.append(update.payload)
+            ctx.respond(update, update.payload * 2)
+        return asked
+
+    return app.start(answerer, count), entered
+
+
 def _worker_claims(monkeypatch: pytest.MonkeyPatch) -> None:
     """Have the worker make every claim of a run woken early, never the run's answer."""
 
@@ -483,22 +512,8 @@ def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_o
     claimer: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    app = make_app()
-    if not app.store.url.startswith("postgresql"):
-        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
-    entered: list[object] = []
-
-    @app.workflow()
-    def answerer(ctx: perdure.Context) -> list[object]:
-        entered.append(None)
-        asked = []
-        for _ in range(2):
-            update = ctx.next_update("ask")
-            asked.append(update.payload)
-            ctx.respond(update, update.payload * 2)
-        return asked
-
-    handle = app.start(answerer)
+    app = _early_app(make_app)
+    handle, entered = _start_answerer(app, 2)
     worker = app.worker(warm_for=10)
     early: list[str] = []
     hand_early = worker._hand_early
@@ -566,9 +581,7 @@ def test_a_run_woken_before_its_claim_that_is_not_taken_up_replays_and_answers_o
 def test_a_run_woken_before_its_claim_writes_nothing_until_the_claim_is_made(
     make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = make_app()
-    if not app.store.url.startswith("postgresql"):
-        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
+    app = _early_app(make_app)
     reached = threading.Event()
 
     @app.workflow()
@@ -621,20 +634,8 @@ def test_a_run_woken_before_its_claim_writes_nothing_until_the_claim_is_made(
 def test_an_answer_written_ahead_of_its_claim_is_answered_once_and_the_run_goes_on(
     make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch, limit: int
 ) -> None:
-    app = make_app(ledger_limit=limit)
-    if not app.store.url.startswith("postgresql"):
-        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
-
-    @app.workflow()
-    def answerer(ctx: perdure.Context) -> list[object]:
-        asked = []
-        for _ in range(3):
-            update = ctx.next_update("ask")
-            asked.append(update.payload)
-            ctx.respond(update, update.payload * 2)
-        return asked
-
-    handle = app.start(answerer)
+    app = _early_app(make_app, ledger_limit=limit)
+    handle, _ = _start_answerer(app, 3)
     worker = app.worker(warm_for=10)
     ahead, _ = _answers_after_each_claim(app, monkeypatch)
     answer_update = app.store.answer_update  # type: ignore[attr-defined]
@@ -664,22 +665,8 @@ def test_an_answer_written_ahead_of_its_claim_is_answered_once_and_the_run_goes_
 def test_an_answer_that_carries_its_claim_is_answered_once_and_the_run_goes_on(
     make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch, limit: int
 ) -> None:
-    app = make_app(ledger_limit=limit)
-    if not app.store.url.startswith("postgresql"):
-        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
-    entered: list[object] = []
-
-    @app.workflow()
-    def answerer(ctx: perdure.Context) -> list[object]:
-        entered.append(None)
-        asked = []
-        for _ in range(3):
-            update = ctx.next_update("ask")
-            asked.append(update.payload)
-            ctx.respond(update, update.payload * 2)
-        return asked
-
-    handle = app.start(answerer)
+    app = _early_app(make_app, ledger_limit=limit)
+    handle, entered = _start_answerer(app, 3)
     worker = app.worker(warm_for=10)
     wrote, _ = _answers_with_each_claim(app, monkeypatch)
     other: list[str] = []
@@ -712,9 +699,7 @@ def test_an_answer_that_carries_its_claim_is_answered_once_and_the_run_goes_on(
 def test_a_run_woken_early_that_writes_anything_else_first_leaves_its_claim_to_the_worker(
     make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = make_app()
-    if not app.store.url.startswith("postgresql"):
-        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
+    app = _early_app(make_app)
     entered: list[object] = []
 
     def double(n: int) -> int:
@@ -755,20 +740,8 @@ def test_a_run_woken_early_that_writes_anything_else_first_leaves_its_claim_to_t
 def test_a_refused_renewal_of_the_parked_claim_does_not_stop_a_run_taken_up_early(
     make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = make_app()
-    if not app.store.url.startswith("postgresql"):
-        pytest.skip("only PostgreSQL's wake-ups carry the update that wakes a run early")
-
-    @app.workflow()
-    def answerer(ctx: perdure.Context) -> list[object]:
-        asked = []
-        for _ in range(2):
-            update = ctx.next_update("ask")
-            asked.append(update.payload)
-            ctx.respond(update, update.payload * 2)
-        return asked
-
-    handle = app.start(answerer)
+    app = _early_app(make_app)
+    handle, _ = _start_answerer(app, 2)
     worker = app.worker(warm_for=10)
     hand = warm.WarmSlot.hand
     reported: list[int] = []
