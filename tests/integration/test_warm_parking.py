@@ -737,6 +737,50 @@ def test_a_run_woken_early_that_writes_anything_else_first_leaves_its_claim_to_t
     assert by_worker == [True, True] and wrote == [] and len(entered) == 1
 
 
+def test_a_run_woken_early_that_is_slow_to_answer_leaves_its_claim_to_the_worker(
+    make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = _early_app(make_app)
+    claimed_by_worker = threading.Event()
+
+    @app.workflow()
+    def answerer(ctx: perdure.Context) -> object:
+        update = ctx.next_update("ask")
+        # Workflow code that outlasts the worker's wait for the answer: it
+        # goes on only once the worker has claimed the run itself.
+        assert claimed_by_worker.wait(WAIT)
+        ctx.respond(update, update.payload * 2)
+        return update.payload
+
+    handle = app.start(answerer)
+    worker = app.worker(warm_for=10)
+    wrote, _ = _answers_with_each_claim(app, monkeypatch)
+    claim_warm = app.store.claim_warm  # type: ignore[attr-defined]
+    answer_ahead = app.store.answer_ahead  # type: ignore[attr-defined]
+    ahead: list[bool] = []
+
+    def by_worker(*args: Any, **kwargs: Any) -> object:
+        try:
+            return claim_warm(*args, **kwargs)
+        finally:
+            claimed_by_worker.set()
+
+    def recorded(*args: Any, **kwargs: Any) -> bool:
+        ahead.append(bool(answer_ahead(*args, **kwargs)))
+        return ahead[-1]
+
+    monkeypatch.setattr(app.store, "claim_warm", by_worker)
+    monkeypatch.setattr(app.store, "answer_ahead", recorded)
+    with worker:
+        _until(lambda: _held_warm(worker, handle.run_id, 1))
+        assert app.update(handle.run_id, "ask", 21, update_id="u1", timeout=WAIT) == 42
+        assert handle.result(timeout=WAIT) == 21
+    # The worker made the claim; the answer, still early, could not carry it.
+    assert claimed_by_worker.is_set() and wrote == [] and len(ahead) <= 1
+    stored = app.store.get_update(handle.run_id, "u1")  # type: ignore[attr-defined]
+    assert (stored.state, stored.response) == ("answered", "42")
+
+
 def test_a_refused_renewal_of_the_parked_claim_does_not_stop_a_run_taken_up_early(
     make_app: Callable[..., perdure.App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
