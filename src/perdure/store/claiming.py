@@ -93,6 +93,56 @@ class ClaimTransitions(transitions.Transitions[C]):
             return None
         return self._claim_warm(app, worker, workflows, run_id, known, ttl, dry_run)
 
+    def create_claimed(
+        self, new: port.NewRun, worker: str, *, lease_ttl: float
+    ) -> tuple[port.Run, port.Claimed | None]:
+        """Create ``new`` running under ``worker`` (see :mod:`.eagerport`)."""
+        ttl = transitions.seconds(lease_ttl, "lease_ttl", positive=True)
+        if not port.WORKER_ID.match(worker):
+            raise errors.InvalidInput(
+                "a worker id is 1 to 128 printable ASCII characters without spaces"
+            )
+        if new.queue is not None or new.plan is not None:
+            raise errors.InvalidInput(
+                "a run in a queue or with a plan is claimed under its limits, not as it is created"
+            )
+        params = {k: v for k, v in vars(new).items() if k != "plan"}
+
+        def work(cur: C) -> tuple[port.Run, port.Claimed | None]:
+            row = self._exec(
+                cur,
+                "create_claimed",
+                ledger_limit=self._ledger_limit,
+                worker=worker,
+                lease_ttl=ttl,
+                **params,
+            ).fetchone()
+            if row is None:
+                return self._stored_start(cur, new), None
+            self._created_claimed(cur, new.run_id, worker)
+            run = self.read.run(row)
+            assert run.lease_expires_at is not None
+            claim = port.Claim(run.run_id, worker, run.generation, run.lease_expires_at)
+            return run, port.Claimed(claim, run, [])
+
+        return self._start_transact(work)
+
+    def _created_claimed(self, cur: C, run_id: str, worker: str) -> None:
+        """Give a run created claimed its two receipts (an adapter's statement may have)."""
+        self._append(
+            cur,
+            [
+                ledger.Receipt(run_id, 1, "initialized", 0, None),
+                ledger.Receipt(run_id, 2, "claimed", 1, worker),
+            ],
+        )
+
+    def _start_transact(
+        self, work: Callable[[C], tuple[port.Run, port.Claimed | None]]
+    ) -> tuple[port.Run, port.Claimed | None]:
+        """Run an eager start's ``work`` as one write (an adapter may commit it alone)."""
+        return self._transact(work)
+
     @abc.abstractmethod
     def _claim_warm(
         self,

@@ -261,15 +261,19 @@ class Transitions(abc.ABC, Generic[C]):
                     self._admit_plan(cur, new.run_id, new.plan)
                     row = self._exec(cur, "run_by_id", run_id=new.run_id).fetchone()
                 return self.read.run(row), True
-            found = None
-            if new.key is not None:
-                keys = self._batch(batches.arrays([new], batches.KEY_ARRAYS))
-                found = self._exec(cur, "runs_by_key", **keys).fetchone()
-            if found is None:
-                raise errors.InvalidInput(f"run id {new.run_id!r} is already taken")
-            return self.read.run(found), False
+            return self._stored_start(cur, new), False
 
         return self._transact(work)
+
+    def _stored_start(self, cur: C, new: port.NewRun) -> port.Run:
+        """The run a start that created nothing finds under its key; an id taken is refused."""
+        found = None
+        if new.key is not None:
+            keys = self._batch(batches.arrays([new], batches.KEY_ARRAYS))
+            found = self._exec(cur, "runs_by_key", **keys).fetchone()
+        if found is None:
+            raise errors.InvalidInput(f"run id {new.run_id!r} is already taken")
+        return self.read.run(found)
 
     def create_children(self, claim: port.Claim, children: Sequence[port.NewRun]) -> list[port.Run]:
         """Create the claimed run's children in one statement (fenced)."""

@@ -188,6 +188,17 @@ class PostgresStore(
         # create_run and create_children write the receipts and notify themselves.
         return
 
+    def _created_claimed(self, cur: Cursor, run_id: str, worker: str) -> None:
+        # create_claimed writes both receipts itself.
+        return
+
+    def _start_transact(
+        self, work: Callable[[Cursor], tuple[port.Run, port.Claimed | None]]
+    ) -> tuple[port.Run, port.Claimed | None]:
+        # One statement, committed alone: one round trip. The read of a run
+        # found under its key, when the insert stored nothing, is a second.
+        return self._transact(work, single=True)
+
     def _body_connection(self, cur: Cursor) -> Any:
         return cur.connection
 

@@ -54,6 +54,7 @@ from perdure.testing.conformance.channels import ChannelTests
 from perdure.testing.conformance.claims import ClaimTests
 from perdure.testing.conformance.control import ControlTests
 from perdure.testing.conformance.dryruns import DryRunTests
+from perdure.testing.conformance.eagerstarts import EagerStartTests
 from perdure.testing.conformance.finish import FinishTests
 from perdure.testing.conformance.harness import (
     Opener,
@@ -95,6 +96,7 @@ class StoreConformance(
     RunTests,
     ClaimTests,
     WarmClaimTests,
+    EagerStartTests,
     DryRunTests,
     JournalTests,
     WaitTests,

@@ -66,6 +66,41 @@ WITH created AS (
 )
 SELECT c.*, pg_notify('perdure_ready', c.app)::text AS announced FROM created AS c;
 
+-- name: create_claimed
+-- create_run for a run its starter's own worker takes at once: it is stored
+-- running under the worker at generation 1, as the claim would leave it, with
+-- both receipts ("initialized", "claimed"; as many as its ledger_limit keeps),
+-- and announced to no one: one statement, committed alone.
+WITH created AS (
+    INSERT INTO perdure.runs (
+        run_id, app, workflow, version, state, input, key, parent_id,
+        generation, worker, lease_expires_at, lease_ttl,
+        ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key,
+        priority, dry_run
+    )
+    VALUES (
+        %(run_id)s, %(app)s, %(workflow)s, %(version)s, 'running', %(input)s, %(key)s,
+        %(parent_id)s, 1, %(worker)s,
+        coalesce(%(now)s::timestamptz, statement_timestamp())
+            + make_interval(secs => %(lease_ttl)s::float8),
+        make_interval(secs => %(lease_ttl)s::float8),
+        2, %(ledger_limit)s,
+        coalesce(%(now)s::timestamptz, statement_timestamp()),
+        coalesce(%(now)s::timestamptz, statement_timestamp()),
+        %(deadline)s::timestamptz, %(queue)s, %(queue_key)s, %(priority)s, %(dry_run)s
+    )
+    ON CONFLICT DO NOTHING
+    RETURNING *
+), receipts AS (
+    INSERT INTO perdure.ledger (run_id, sequence, kind, at, generation, worker)
+    SELECT c.run_id, r.sequence, r.kind, c.created_at, r.generation, r.worker
+    FROM created AS c
+    CROSS JOIN (VALUES (1, 'initialized', 0, NULL::text), (2, 'claimed', 1, %(worker)s::text))
+        AS r(sequence, kind, generation, worker)
+    WHERE r.sequence > 2 - c.ledger_limit
+)
+SELECT * FROM created;
+
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
 -- A child of a dry run is dry.

@@ -33,6 +33,25 @@ VALUES (
 ON CONFLICT DO NOTHING
 RETURNING *;
 
+-- name: create_claimed
+-- create_run for a run its starter's own worker takes at once: it is stored
+-- running under :worker at generation 1, as the claim would leave it, and
+-- announced to no one. Its receipts ("initialized", "claimed") follow.
+INSERT INTO runs (
+    run_id, app, workflow, version, state, input, key, parent_id,
+    generation, worker, lease_expires_at, lease_ttl,
+    ledger_sequence, ledger_limit, created_at, updated_at, deadline, queue, queue_key, priority,
+    dry_run
+)
+VALUES (
+    :run_id, :app, :workflow, :version, 'running', :input, :key, :parent_id,
+    1, :worker, :now + CAST(round(:lease_ttl * 1000000) AS INTEGER),
+    CAST(round(:lease_ttl * 1000000) AS INTEGER),
+    2, :ledger_limit, :now, :now, :deadline, :queue, :queue_key, :priority, :dry_run
+)
+ON CONFLICT DO NOTHING
+RETURNING *;
+
 -- name: create_children
 -- One statement for the whole fan-out; children whose key exists are left as stored.
 -- :batch rows are [run_id, app, workflow, version, input, key, parent_close].
