@@ -26,6 +26,7 @@ from perdure import (
     registry,
     schedules,
     timetable,
+    twins,
 )
 from perdure import client as client_api
 from perdure import codec as json_codec
@@ -437,10 +438,10 @@ class App(
         forked = self.client.fork(run_id, from_step, live=live)
         return self.handle(forked.run_id)
 
-    astart = client_api.athread(start)
-    ahandle = client_api.athread(handle)
-    afork = client_api.athread(fork)
-    atasks = client_api.athread(tasks)
+    astart = twins.athread(start)
+    ahandle = twins.athread(handle)
+    afork = twins.athread(fork)
+    atasks = twins.athread(tasks)
 
     # The calls that need no workflow code are the client's, bound to the app's client.
     get = _ClientCall(client_api.Client.get)
@@ -498,6 +499,8 @@ class App(
         ``warm`` (default: ``concurrency``; 0: none) parked runs are kept in
         memory for ``warm_for`` seconds (default 5) and go on without a replay
         when this worker takes them up again (``perdure.warm``).
+        ``eager`` (default True): a run started in this process while the
+        worker has a slot free is created claimed by it (``perdure.starts``).
 
         Raises:
             errors.LeaseTimingInvalid: (a ValueError) when ``heartbeat`` is not

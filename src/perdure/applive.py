@@ -13,7 +13,7 @@ import abc
 from typing import Any
 
 from perdure import client as client_api
-from perdure import errors, registry
+from perdure import errors, registry, twins
 
 
 class LiveRuns(abc.ABC):
@@ -76,5 +76,5 @@ class LiveRuns(abc.ABC):
             ) from exc
 
     # An update waits for the run's answer; a query runs the workflow's own code.
-    aupdate = client_api.blocking_twin(update)
-    aquery = client_api.blocking_twin(query)
+    aupdate = twins.blocking_twin(update)
+    aquery = twins.blocking_twin(query)

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from perdure import (
     codec,
@@ -30,14 +28,13 @@ from perdure import (
     records,
     repairs,
     signals,
+    starts,
     telemetry,
     validation,
 )
 from perdure import payloads as _payloads
 from perdure.store import controlport, planport, port
-
-P = ParamSpec("P")
-R = TypeVar("R")
+from perdure.twins import athread, blocking_twin
 
 # result() reads the run again after these pauses (growing 1.3x between them),
 # unless a worker of this process reports the run's end first (see endings).
@@ -46,38 +43,6 @@ POLL_MAX = 0.02
 # The longest wait without a read while a worker of this process has the run
 # (it wakes the caller when it ends or lets the run go).
 HELD_PAUSE = 0.25
-
-
-def athread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """Derive the async twin of a call on a store: the same call, without blocking the loop.
-
-    The first argument is the object the call is a method of (a Client or an
-    App), whose ``store`` decides how: a store that runs calls on the event
-    loop (``call_async``: PostgreSQL, on psycopg's async connections) runs it
-    there; any other runs it on a thread.
-    """
-
-    @functools.wraps(fn)
-    async def twin(*args: P.args, **kwargs: P.kwargs) -> R:
-        store = getattr(args[0], "store", None) if args else None
-        native: Callable[..., Awaitable[R]] | None = getattr(store, "call_async", None)
-        if native is not None:
-            return await native(fn, *args, **kwargs)
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    twin.__doc__ = f"Async form of ``{fn.__name__}``."
-    return twin
-
-
-def blocking_twin(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """Derive the async twin of a call that waits on other threads: it runs on a thread."""
-
-    @functools.wraps(fn)
-    async def twin(*args: P.args, **kwargs: P.kwargs) -> R:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    twin.__doc__ = f"Async form of ``{fn.__name__}``."
-    return twin
 
 
 # Defined with the run's handle; named here, where callers find them.
@@ -188,7 +153,9 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls, repairs.Repairs):
             dry_run=bool(dry_run),
             plan=plan,
         )
-        run, created = self.store.create_run(new)
+        # A worker of this process with a slot free takes the run as it is created.
+        made = starts.of(self.store).create(self.store, new)
+        run, created = made if made is not None else self.store.create_run(new)
         # A key that follows a chain names the start of its first run.
         if not created and not port.same_start(
             lineage.first(self.store, run), new, self.payloads.open_text
@@ -269,36 +236,44 @@ class Client(liveclient.LiveCalls, planclient.PlanCalls, repairs.Repairs):
         # Registered before the first read, so that an end reported by a
         # worker of this process in between is not missed.
         with waiting.hub.watch(run_id) as watch:
+            state = waiting.unread()
             while True:
                 watch.reported = False
                 if watch.ended is not None:
                     return self._handed(run_id, watch.ended, hint)
-                info = self._current_info(run_id)
-                if info.done:
-                    return _ended(run_id, info, hint)
+                if state is None:
+                    info = self._current_info(run_id)
+                    if info.done:
+                        return _ended(run_id, info, hint)
+                    state = info.state
                 while True:
-                    left, held = waiting.next_pause(info.state)
+                    left, held = waiting.next_pause(state)
                     woken = watch.wait(left)
                     watch.clear()
                     if waiting.read_again(watch, held, woken):
+                        state = None
                         break
 
     async def aresult(self, run_id: str, timeout: float | None = None, hint: Any = None) -> Any:
         """Async form of ``result``: reads with ``aget``, waits on the event loop."""
         waiting = _ResultWait(endings.of(self.store), run_id, timeout)
         with waiting.hub.watch(run_id, asyncio.get_running_loop()) as watch:
+            state = waiting.unread()
             while True:
                 watch.reported = False
                 if watch.ended is not None:
                     return self._handed(run_id, watch.ended, hint)
-                info = await self._acurrent_info(run_id)
-                if info.done:
-                    return _ended(run_id, info, hint)
+                if state is None:
+                    info = await self._acurrent_info(run_id)
+                    if info.done:
+                        return _ended(run_id, info, hint)
+                    state = info.state
                 while True:
-                    left, held = waiting.next_pause(info.state)
+                    left, held = waiting.next_pause(state)
                     woken = await watch.await_set(left)
                     watch.clear()
                     if waiting.read_again(watch, held, woken):
+                        state = None
                         break
 
     def _handed(self, run_id: str, ended: endings.Ended, hint: Any) -> Any:
@@ -576,6 +551,14 @@ class _ResultWait:
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.pause = POLL_FIRST
+
+    def unread(self) -> str | None:
+        """The state a call may take without reading: a run a worker here holds is running.
+
+        That worker's word (its end, or letting the run go) wakes the call
+        even if it came between the watch and this look; None: read first.
+        """
+        return "running" if self.hub.held(self.run_id) else None
 
     def next_pause(self, state: str) -> tuple[float, bool]:
         """How long to wait now, and whether a worker here holds the run.

@@ -52,12 +52,15 @@ class Shutdown:
     _threads: list[threading.Thread]
     _pool: ThreadPoolExecutor | None
     _loop: asyncio.AbstractEventLoop | None
+    _reserved: int
 
     if TYPE_CHECKING:
 
         def start(self) -> Shutdown: ...
 
         def _cool_all(self) -> None: ...
+
+        def _withdraw_starts(self) -> None: ...
 
         def _abandon_task(self, execution: tasks_api.TaskExecution) -> None: ...
 
@@ -73,6 +76,7 @@ class Shutdown:
         unknown. Returns True when no run was left in flight.
         """
         self._stop_event.set()
+        self._withdraw_starts()
         self._slot_freed.set()
         self._cool_all()
         with contextlib.suppress(Exception):
@@ -86,7 +90,8 @@ class Shutdown:
             self._threads[1].join(left())  # the claim loop
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        while self._active and not self._at_once.is_set():
+        # A run being created for a slot held here is handed over (and back) first.
+        while (self._active or self._reserved) and not self._at_once.is_set():
             if self._signals > 1:
                 log.warning("worker %s: signaled again: stopping at once", self.worker_id)
                 break

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from perdure import (
     clockwatch,
     context,
+    eagerslots,
     endings,
     errors,
     keeper,
@@ -91,7 +92,13 @@ def default_worker_id() -> str:
     return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslots.WarmSlots):
+class Worker(
+    shutdown.Shutdown,
+    renewal.Renewal,
+    taskclaims.TaskClaims,
+    warmslots.WarmSlots,
+    eagerslots.EagerSlots,
+):
     """Serves one app's runs until stopped. Use ``app.worker(...)`` to make one."""
 
     def __init__(
@@ -115,6 +122,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
         standby: bool = True,
         warm: int | None = None,
         warm_for: float = 5.0,
+        eager: bool = True,
     ) -> None:
         validate_timing(lease_ttl, heartbeat)
         posture = ownership_api.posture(ownership)
@@ -206,6 +214,8 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
         self._warm_for = float(warm_for)
         self._warm: dict[str, tuple[warm_api.WarmSlot, Execution]] = {}
         self._warm_lock = threading.Lock()
+        # Runs started in this process go straight to this worker (perdure.starts).
+        self.eager = eager
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -301,7 +311,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                 log.debug("worker %s: cannot read the store's clock: %s", self.worker_id, exc)
             # Before the slots are counted: starting a tick's run takes no slot.
             self._tick_safely()
-            free = self.concurrency - len(self._active)
+            free = self._claim_slots()
             if free <= 0:
                 self._slot_freed.wait(self.poll_interval)
                 self._slot_freed.clear()
@@ -338,6 +348,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                     self.stop_now()
                     return
                 # Its own record lapsed (a renewal is late): claim again once renewed.
+                self._claims_filled()
                 self._stop_event.wait(self.poll_interval)
                 continue
             except Exception as exc:
@@ -354,6 +365,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                     pause,
                     exc,
                 )
+                self._claims_filled()
                 self._stop_event.wait(pause)
                 continue
             failures = 0
@@ -361,6 +373,7 @@ class Worker(shutdown.Shutdown, renewal.Renewal, taskclaims.TaskClaims, warmslot
                 self.telemetry.claimed(self.registry.name, len(claimed))
             self._dispatch(claimed, known)
             tasks = self._claim_tasks(free - len(claimed))
+            self._claims_filled()
             if len(claimed) + tasks < free:
                 # Short of the slots free: nothing else was ready. Whatever
                 # becomes ready from here is announced, and an announcement

@@ -176,3 +176,25 @@ def serve(**overrides: Any) -> None:
     worker = app.worker(**options)
     print(f"worker {worker.worker_id} serving", file=sys.stderr, flush=True)
     worker.run()
+
+
+def start_beside(n: int) -> None:
+    """Serve the app and start ``five`` from this process: the worker takes it as it is created.
+
+    Prints ``eager-started run <run id>``, then waits for the run (a failpoint ends the
+    process first).
+    """
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    with app.worker(
+        concurrency=1,
+        lease_ttl=float(os.environ.get("CRASH_LEASE_TTL", "1")),
+        heartbeat=float(os.environ.get("CRASH_HEARTBEAT", "0.3")),
+        poll_interval=60,
+    ) as worker:
+        deadline = time.monotonic() + 30
+        while not worker.takes_starts:
+            assert time.monotonic() < deadline, "the worker never took starts"
+            time.sleep(0.01)
+        handle = app.start(five, n)
+        print(f"eager-started run {handle.run_id}", file=sys.stderr, flush=True)
+        handle.result(timeout=60)

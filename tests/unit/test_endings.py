@@ -118,6 +118,21 @@ def _counting_reads(app: perdure.App, monkeypatch: pytest.MonkeyPatch) -> list[s
     return reads
 
 
+def _unread(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set once a result() call finds its run held here and waits without a read."""
+    seen = threading.Event()
+    unread = client_api._ResultWait.unread
+
+    def recorded(self: Any) -> str | None:
+        state = unread(self)
+        if state is not None:
+            seen.set()
+        return state
+
+    monkeypatch.setattr(client_api._ResultWait, "unread", recorded)
+    return seen
+
+
 def _gated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[perdure.App, Any, threading.Event, threading.Event]:
@@ -147,6 +162,7 @@ def test_result_reads_nothing_while_a_worker_here_runs_the_run(
     # Polling every millisecond would read the run hundreds of times while
     # its step is held at the gate; the worker's word makes reads needless.
     app, flow, inside, release = _gated(tmp_path, monkeypatch)
+    unread = _unread(monkeypatch)
     with app.worker():
         handle = app.start(flow)
         assert inside.wait(30)
@@ -154,13 +170,31 @@ def test_result_reads_nothing_while_a_worker_here_runs_the_run(
         got: list[dict[str, int]] = []
         waiter = threading.Thread(target=lambda: got.append(handle.result(timeout=120)))
         waiter.start()
-        _until(lambda: bool(reads))  # its one read, made while the step is held
-        time.sleep(0.2)  # room for two hundred more, had result() polled
+        assert unread.wait(30)  # it found the run held here: no read before the wait
+        time.sleep(0.2)  # room for two hundred reads, had result() polled
         release.set()
         waiter.join(20)
         assert got == [{"n": 7}]
-        # One read before the wait; the end was handed over, not read back.
-        assert reads == [handle.run_id]
+        # No read: the end was handed over, not read back.
+        assert reads == []
+    app.close()
+
+
+def test_result_reads_a_run_no_worker_here_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = perdure.App(f"sqlite:///{tmp_path / 's.db'}", name="endings")
+
+    @app.workflow()
+    def flow(ctx: perdure.Context) -> int:
+        return 3
+
+    handle = app.start(flow)  # no worker here yet: announced, not taken
+    with app.worker():
+        assert handle.result(timeout=60) == 3
+    reads = _counting_reads(app, monkeypatch)
+    assert handle.result(timeout=60) == 3  # ended: read once
+    assert reads == [handle.run_id]
     app.close()
 
 
@@ -208,14 +242,15 @@ def test_a_failed_end_is_read_from_the_store(tmp_path: Path) -> None:
 def test_aresult_reads_nothing_while_a_worker_here_runs_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The async form waits on the event loop for the same word: one read.
+    # The async form waits on the event loop for the same word: no read.
     app, flow, inside, release = _gated(tmp_path, monkeypatch)
+    unread = _unread(monkeypatch)
 
     async def main(handle: perdure.RunHandle[dict[str, int]]) -> dict[str, int]:
         waiting = asyncio.ensure_future(handle.aresult(timeout=120))
-        while not reads:  # its one read, made while the step is held
+        while not unread.is_set():  # it found the run held here
             await asyncio.sleep(0.005)
-        await asyncio.sleep(0.2)  # room for two hundred more, had it polled
+        await asyncio.sleep(0.2)  # room for two hundred reads, had it polled
         release.set()
         return await asyncio.wait_for(waiting, 20)
 
@@ -224,7 +259,7 @@ def test_aresult_reads_nothing_while_a_worker_here_runs_the_run(
         assert inside.wait(30)
         reads = _counting_reads(app, monkeypatch)
         assert asyncio.run(main(handle)) == {"n": 7}
-        assert reads == [handle.run_id]
+        assert reads == []
     app.close()
 
 

@@ -50,6 +50,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.store.ownerport",
             "perdure.store.planport",
             "perdure.store.warmport",
+            "perdure.store.eagerport",
         }
     },
     {
@@ -84,6 +85,8 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.handles",
             "perdure.repairs",
             "perdure.placement",
+            "perdure.starts",
+            "perdure.twins",
         },
     },
     {
@@ -119,6 +122,7 @@ LAYERS: list[dict[str, set[str]]] = [
             "perdure.renewal",
             "perdure.taskclaims",
             "perdure.warmslots",
+            "perdure.eagerslots",
         }
     },
     {
