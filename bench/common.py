@@ -146,6 +146,70 @@ def threads_of(pid: int) -> int:
     return 0
 
 
+class CpuLedger:
+    """CPU-seconds spent by a set of processes, the PostgreSQL server and the machine.
+
+    Read from /proc at :meth:`mark` and again at :meth:`read`: the workers
+    (each worker pid with every process below it, the lease keeper
+    included), every process named ``postgres`` (the server: its backends,
+    WAL writer and checkpointer), and the whole machine (all cores, busy).
+    It is how a throughput run says what a step costs the CPU and how busy
+    the cores were, on both sides of the connection.
+    """
+
+    def __init__(self, workers: list[int]) -> None:
+        self.workers = workers
+        self._start: dict[str, float] = {}
+        self._t0 = 0.0
+
+    @staticmethod
+    def _stat(pid: str) -> tuple[str, int, float] | None:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                raw = f.read()
+        except OSError:
+            return None
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        # utime, stime (and the reaped children's cutime, cstime) in clock ticks.
+        ticks = sum(int(x) for x in fields[11:15])
+        return name, int(fields[1]), ticks / os.sysconf("SC_CLK_TCK")
+
+    def _sample(self) -> dict[str, float]:
+        procs = {pid: s for pid in os.listdir("/proc") if pid.isdigit() and (s := self._stat(pid))}
+        below: dict[int, list[int]] = {}
+        for pid, (_, ppid, _) in procs.items():
+            below.setdefault(ppid, []).append(int(pid))
+        workers = 0.0
+        todo = list(self.workers)
+        while todo:
+            pid = todo.pop()
+            if str(pid) in procs:
+                workers += procs[str(pid)][2]
+            todo += below.get(pid, [])
+        server = sum(cpu for name, _, cpu in procs.values() if name == "postgres")
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+        return {"workers": workers, "server": server, "machine": busy}
+
+    def mark(self) -> None:
+        self._start, self._t0 = self._sample(), time.monotonic()
+
+    def read(self, steps: int) -> dict[str, float]:
+        """CPU per step (µs) of the workers, the server and the machine since mark(),
+        and the machine's busy share of all its cores over that time."""
+        now, wall = self._sample(), time.monotonic() - self._t0
+        spent = {k: now[k] - self._start[k] for k in now}
+        cores = os.cpu_count() or 1
+        return {
+            "worker_cpu_us_per_step": spent["workers"] / steps * 1e6,
+            "server_cpu_us_per_step": spent["server"] / steps * 1e6,
+            "machine_cpu_us_per_step": spent["machine"] / steps * 1e6,
+            "machine_busy_share": spent["machine"] / (wall * cores) if wall > 0 else 0.0,
+        }
+
+
 class Child:
     """A helper process speaking line-based JSON on stdin/stdout."""
 

@@ -310,14 +310,19 @@ def throughput(db: common.Database, workers: int) -> dict[str, Any]:
     app.close()
     children = [spawn_worker() for _ in range(workers)]
     peek = Peek(db)
+    cpu = common.CpuLedger([c.pid for c in children])
     try:
         for c in children:
             c.expect("ready")
+        cpu.mark()
         go = time.time()
         for c in children:
             c.send({"cmd": "go"})
         peek.wait_states({"succeeded": count}, timeout=600, poll=0.1)
         end = peek.last_update_s("ten_steps")
+        # Read at once: the last poll may come up to 0.1 s after the end, idle time
+        # that lowers the busy share a little and adds nothing per step.
+        spent = cpu.read(count * steps)
     finally:
         for c in children:
             c.stop()
@@ -328,7 +333,7 @@ def throughput(db: common.Database, workers: int) -> dict[str, Any]:
                     "workflows_per_s": count / elapsed},
         "detail": {"workflows": count, "steps": steps, "workers": workers,
                    "elapsed_s": elapsed, "enqueue_s": start_s,
-                   "enqueue_per_s": count / start_s},
+                   "enqueue_per_s": count / start_s, "cpu": spent},
     }
 
 

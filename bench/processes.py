@@ -1,0 +1,76 @@
+"""W3's shape with N worker processes on either store, and what a step costs the CPU.
+
+    PYTHONPATH=src bench/.venv/bin/python bench/processes.py --store sqlite --workers 1,2 --rounds 2
+
+``bench/run.py`` runs W4 (W3 with 1, 2 and 4 worker processes) on PostgreSQL
+only; this runs the same workload module on either store, the counts
+interleaved round by round, and prints each run's steps/s with the CPU per
+step of the worker processes (their lease keepers included), of the
+PostgreSQL server, and of the whole machine, and the machine's busy share of
+all its cores while the runs drained (``common.CpuLedger``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import common
+
+
+def once(store: str, workers: int) -> dict[str, object]:
+    db = common.create_database(store)
+    fd, path = tempfile.mkstemp(prefix="bench-result-", suffix=".json")
+    os.close(fd)
+    env = {
+        **os.environ,
+        "BENCH_DB": json.dumps(dataclasses.asdict(db)),
+        "BENCH_RESULT": path,
+        "BENCH_QUICK": "0",
+        "BENCH_WORKERS": str(workers),
+        "PYTHONUNBUFFERED": "1",
+    }
+    try:
+        module = os.path.join(common.BENCH_DIR, "perdure_workloads.py")
+        subprocess.run(
+            [sys.executable, module, "W4"],
+            env=env,
+            check=True,
+            capture_output=True,
+            cwd=common.REPO_DIR,
+        )
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.unlink(path)
+        common.drop_database(db)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", default="sqlite", choices=["sqlite", "postgres"])
+    parser.add_argument("--workers", default="1,2", help="worker process counts")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    counts = [int(x) for x in args.workers.split(",")]
+    for r in range(args.rounds):
+        for n in counts if r % 2 == 0 else reversed(counts):
+            result = once(args.store, n)
+            cpu = result["detail"]["cpu"]  # type: ignore[index]
+            print(
+                f"{args.store} workers {n}: {result['metrics']['steps_per_s']:,.0f} steps/s;"  # type: ignore[index]
+                f" CPU per step: workers {cpu['worker_cpu_us_per_step']:.0f} us,"
+                f" server {cpu['server_cpu_us_per_step']:.0f} us,"
+                f" machine {cpu['machine_cpu_us_per_step']:.0f} us;"
+                f" cores busy {cpu['machine_busy_share']:.0%}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
