@@ -11,6 +11,11 @@ On SQLite it also splits out the named statements, ``BEGIN IMMEDIATE`` and
 ``COMMIT`` (wall and CPU: the WAL's pages written and synced). The rest of
 the wall time is the engine's Python outside the store and the thread
 handovers. It wraps the adapters' methods from outside; measuring only.
+
+With ``--profile`` it runs the same loop under cProfile instead (every
+thread, timed by thread CPU, so Python is inflated against C) and prints the
+CPU's split between the driver (psycopg's Python), perdure's store code,
+perdure's engine and the rest.
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]
 
+import collections
+import cProfile
+import pstats
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -66,10 +75,51 @@ def _noop(i: int) -> int:
     return i
 
 
+def _profiled() -> list[cProfile.Profile]:
+    profiles: list[cProfile.Profile] = []
+    original = threading.Thread.run
+
+    def run(self: threading.Thread) -> None:
+        profile = cProfile.Profile(time.thread_time)
+        profiles.append(profile)
+        profile.enable()
+        try:
+            original(self)
+        finally:
+            profile.disable()
+
+    threading.Thread.run = run  # type: ignore[method-assign]
+    return profiles
+
+
+def _split(profiles: list[cProfile.Profile]) -> str:
+    stats = pstats.Stats(profiles[0])
+    for profile in profiles[1:]:
+        stats.add(profile)
+    shares: collections.Counter[str] = collections.Counter()
+    for (path, _, _), row in stats.stats.items():  # type: ignore[attr-defined]
+        if "/psycopg" in path:
+            shares["psycopg"] += row[2]
+        elif "/perdure/store/" in path:
+            shares["perdure store"] += row[2]
+        elif "/perdure/" in path:
+            shares["perdure engine"] += row[2]
+        else:
+            shares["C calls, stdlib, waits"] += row[2]
+    total = sum(shares.values())
+    return "; ".join(f"{name} {cpu / total:.0%}" for name, cpu in shares.most_common())
+
+
 def main() -> None:
-    count = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-    url = sys.argv[2] if len(sys.argv) > 2 else f"sqlite:///{tempfile.mkdtemp()}/bench.db"
-    _instrument(url)
+    argv = [a for a in sys.argv[1:] if a != "--profile"]
+    profiling = len(argv) < len(sys.argv) - 1
+    count = int(argv[0]) if argv else 300
+    url = argv[1] if len(argv) > 1 else f"sqlite:///{tempfile.mkdtemp()}/bench.db"
+    profiles: list[cProfile.Profile] = []
+    if profiling:
+        profiles = _profiled()
+    else:
+        _instrument(url)
     app = perdure.App(url, name="bench")
     noop = app.step(name="noop")(_noop)
 
@@ -83,11 +133,19 @@ def main() -> None:
         for _ in range(10):
             app.start("ten_steps", 10).result(timeout=30)
         _acc.clear()
+        main_profile = cProfile.Profile(time.thread_time)
+        if profiling:
+            profiles.append(main_profile)
+            main_profile.enable()
         cpu, wall = time.process_time(), time.perf_counter()
         for _ in range(count):
             app.start("ten_steps", 10).result(timeout=30)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        main_profile.disable()
     app.close()
+    if profiling:
+        print(_split(profiles))
+        return
     steps = count * 10
 
     def us(x: float) -> str:
