@@ -17,16 +17,18 @@ from __future__ import annotations
 import os
 import sys
 
-# bench/profile.py would shadow the standard library's profile module.
+# bench/profile.py would shadow the standard library's profile, which cProfile
+# imports: this folder goes after the standard library on the path (see loops.py).
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]
+    sys.path.append(sys.path.pop(0))
 
 import sqlite3
 import tempfile
 import time
 from typing import Any
 
-import perdure
+import loops
+
 from perdure.store.sqlite import connection
 
 _held = {"open": 0.0, "commit": 0.0, "groups": 0.0, "began": 0.0}
@@ -50,21 +52,10 @@ def _timed_commit(self: connection.Connections, group: Any, *, abandon: bool = F
         _held["groups"] += 1
 
 
-def _noop(i: int) -> int:
-    return i
-
-
 def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 1500
     path = os.path.join(tempfile.mkdtemp(), "bench.db")
-    app = perdure.App(f"sqlite:///{path}", name="bench")
-    noop = app.step(name="noop")(_noop)
-
-    @app.workflow(name="ten_steps")
-    def ten_steps(ctx: perdure.Context, k: int) -> int:
-        for i in range(k):
-            noop(i)
-        return k
+    app = loops.ten_step_app(f"sqlite:///{path}")
 
     for _ in range(count):
         app.start("ten_steps", 10)

@@ -16,27 +16,22 @@ from __future__ import annotations
 
 import os
 import sys
+
+# bench/profile.py would shadow the standard library's profile, which cProfile
+# imports: this folder goes after the standard library on the path (see loops.py).
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.append(sys.path.pop(0))
+
 import tempfile
 import time
 
-import perdure
-
-
-def _noop(i: int) -> int:
-    return i
+import loops
 
 
 def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 100
     url = os.environ.get("URL") or f"sqlite:///{tempfile.mkdtemp()}/bench.db"
-    app = perdure.App(url, name="bench")
-    noop = app.step(name="noop")(_noop)
-
-    @app.workflow(name="ten_steps")
-    def ten_steps(ctx: perdure.Context, k: int) -> int:
-        for i in range(k):
-            noop(i)
-        return k
+    app = loops.ten_step_app(url)
 
     _ = app.store
     with app.worker(ownership=os.environ.get("OWNERSHIP", "run-lease")):

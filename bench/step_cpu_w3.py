@@ -23,42 +23,19 @@ from __future__ import annotations
 import os
 import sys
 
-# bench/profile.py would shadow the standard library's profile, which cProfile imports.
+# bench/profile.py would shadow the standard library's profile, which cProfile
+# imports: this folder goes after the standard library on the path (see loops.py).
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]
+    sys.path.append(sys.path.pop(0))
 
 import argparse
-import cProfile
 import pstats
 import sqlite3
 import tempfile
-import threading
 import time
 from typing import Any
 
-import perdure
-
-
-def _noop(i: int) -> int:
-    return i
-
-
-def _profile_threads(cpu: bool) -> list[cProfile.Profile]:
-    profiles: list[cProfile.Profile] = []
-    original = threading.Thread.run
-
-    def run(self: threading.Thread) -> None:
-        # With cpu, each function's time is the thread's CPU time, not wall time.
-        profile = cProfile.Profile(time.thread_time) if cpu else cProfile.Profile()
-        profiles.append(profile)
-        profile.enable()
-        try:
-            original(self)
-        finally:
-            profile.disable()
-
-    threading.Thread.run = run  # type: ignore[method-assign]
-    return profiles
+import loops
 
 
 def main() -> None:
@@ -76,14 +53,7 @@ def main() -> None:
     # $DBPATH: a SQLite file prepared beforehand (say, with an index dropped).
     path = os.environ.get("DBPATH") or os.path.join(tempfile.mkdtemp(), "bench.db")
     url = os.environ.get("URL") or f"sqlite:///{path}"
-    app = perdure.App(url, name="bench")
-    noop = app.step(name="noop")(_noop)
-
-    @app.workflow(name="ten_steps")
-    def ten_steps(ctx: perdure.Context, k: int) -> int:
-        for i in range(k):
-            noop(i)
-        return k
+    app = loops.ten_step_app(url)
 
     for _ in range(args.count):
         app.start("ten_steps", args.steps)
@@ -93,7 +63,7 @@ def main() -> None:
         row = db.execute("SELECT count(*) FROM runs WHERE state = 'succeeded'").fetchone()
         return int(row[0])
 
-    profiles = _profile_threads(args.cpu) if args.calls else []
+    profiles = loops.profile_threads(args.cpu) if args.calls else []
     options: dict[str, Any] = {}
     if os.environ.get("OWNERSHIP"):
         # The worker's posture: run-lease (the default), none or store-lease.

@@ -23,20 +23,20 @@ from __future__ import annotations
 import os
 import sys
 
-# bench/profile.py would shadow the standard library's profile module.
+# bench/profile.py would shadow the standard library's profile, which cProfile
+# imports: this folder goes after the standard library on the path (see loops.py).
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]
+    sys.path.append(sys.path.pop(0))
 
 import collections
 import cProfile
 import pstats
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import perdure
+import loops
 
 _acc: dict[str, float] = {}
 
@@ -71,27 +71,6 @@ def _instrument(url: str) -> None:
     cls._transact = _timed("store", cls._transact)
 
 
-def _noop(i: int) -> int:
-    return i
-
-
-def _profiled() -> list[cProfile.Profile]:
-    profiles: list[cProfile.Profile] = []
-    original = threading.Thread.run
-
-    def run(self: threading.Thread) -> None:
-        profile = cProfile.Profile(time.thread_time)
-        profiles.append(profile)
-        profile.enable()
-        try:
-            original(self)
-        finally:
-            profile.disable()
-
-    threading.Thread.run = run  # type: ignore[method-assign]
-    return profiles
-
-
 def _split(profiles: list[cProfile.Profile]) -> str:
     stats = pstats.Stats(profiles[0])
     for profile in profiles[1:]:
@@ -117,17 +96,10 @@ def main() -> None:
     url = argv[1] if len(argv) > 1 else f"sqlite:///{tempfile.mkdtemp()}/bench.db"
     profiles: list[cProfile.Profile] = []
     if profiling:
-        profiles = _profiled()
+        profiles = loops.profile_threads(cpu=True)
     else:
         _instrument(url)
-    app = perdure.App(url, name="bench")
-    noop = app.step(name="noop")(_noop)
-
-    @app.workflow(name="ten_steps")
-    def ten_steps(ctx: perdure.Context, k: int) -> int:
-        for i in range(k):
-            noop(i)
-        return k
+    app = loops.ten_step_app(url)
 
     with app.worker():
         for _ in range(10):
