@@ -424,6 +424,17 @@ def extra_notes(results: dict[str, list[dict[str, Any]]], workers: list[int]) ->
             curve.append(f"{n} → {fmt_num(med(v))} steps/s")
     if curve:
         lines.append("W4 curve (PostgreSQL, perdure): " + ", ".join(curve))
+    spent = []
+    for key in sorted(k for k in results if k.startswith(("W3/perdure/", "W4x"))):
+        cpus = [r["detail"]["cpu"] for r in results[key] if "cpu" in r.get("detail", {})]
+        if cpus:
+            m = {f: statistics.median(c[f] for c in cpus) for f in cpus[0]}
+            spent.append(f"{key} {m['worker_cpu_us_per_step']:,.0f} / "
+                         f"{m['server_cpu_us_per_step']:,.0f} / {m['machine_cpu_us_per_step']:,.0f} µs, "
+                         f"{100 * m['machine_busy_share']:.0f}% busy")
+    if spent:
+        lines.append("CPU per step while draining (worker processes / PostgreSQL server / whole "
+                     "machine, medians) and the busy share of both cores: " + "; ".join(spent))
     shares = [(k, r["foreign_cpu_share"]) for k, rs in results.items() for r in rs
               if "foreign_cpu_share" in r]
     if shares:
