@@ -13,42 +13,19 @@ all its cores while the runs drained (``common.CpuLedger``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
-import subprocess
-import sys
-import tempfile
+from typing import Any
 
-import common
+import run
 
 
-def once(store: str, workers: int) -> dict[str, object]:
-    db = common.create_database(store)
-    fd, path = tempfile.mkstemp(prefix="bench-result-", suffix=".json")
-    os.close(fd)
-    env = {
-        **os.environ,
-        "BENCH_DB": json.dumps(dataclasses.asdict(db)),
-        "BENCH_RESULT": path,
-        "BENCH_QUICK": "0",
-        "BENCH_WORKERS": str(workers),
-        "PYTHONUNBUFFERED": "1",
-    }
-    try:
-        module = os.path.join(common.BENCH_DIR, "perdure_workloads.py")
-        subprocess.run(
-            [sys.executable, module, "W4"],
-            env=env,
-            check=True,
-            capture_output=True,
-            cwd=common.REPO_DIR,
-        )
-        with open(path) as f:
-            return json.load(f)
-    finally:
-        os.unlink(path)
-        common.drop_database(db)
+def once(store: str, workers: int, log: Any) -> dict[str, Any]:
+    """One W4 run with ``workers`` worker processes, through the orchestrator's own job runner."""
+    options = argparse.Namespace(calm=0.0, patience=0.0, quick=False, w7_scale=None)
+    result: dict[str, Any] = run.run_job(run.Job("W4", "perdure", store, workers), options, log)
+    if "error" in result:
+        raise SystemExit(f"W4 with {workers} worker process(es) on {store}: {result['error']}")
+    return result
 
 
 def main() -> None:
@@ -58,18 +35,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
-    for r in range(args.rounds):
-        for n in counts if r % 2 == 0 else reversed(counts):
-            result = once(args.store, n)
-            cpu = result["detail"]["cpu"]  # type: ignore[index]
-            print(
-                f"{args.store} workers {n}: {result['metrics']['steps_per_s']:,.0f} steps/s;"  # type: ignore[index]
-                f" CPU per step: workers {cpu['worker_cpu_us_per_step']:.0f} us,"
-                f" server {cpu['server_cpu_us_per_step']:.0f} us,"
-                f" machine {cpu['machine_cpu_us_per_step']:.0f} us;"
-                f" cores busy {cpu['machine_busy_share']:.0%}",
-                flush=True,
-            )
+    with open(os.devnull, "w") as log:
+        for r in range(args.rounds):
+            for n in counts if r % 2 == 0 else reversed(counts):
+                result = once(args.store, n, log)
+                cpu = result["detail"]["cpu"]
+                print(
+                    f"{args.store} workers {n}: {result['metrics']['steps_per_s']:,.0f} steps/s;"
+                    f" CPU per step: workers {cpu['worker_cpu_us_per_step']:.0f} us,"
+                    f" server {cpu['server_cpu_us_per_step']:.0f} us,"
+                    f" machine {cpu['machine_cpu_us_per_step']:.0f} us;"
+                    f" cores busy {cpu['machine_busy_share']:.0%}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
